@@ -1,0 +1,211 @@
+"""Exceptions raised by kafka-txn.
+
+Every exception is a ``confluent_kafka.KafkaException``, so handlers written for
+confluent-kafka still catch them, and ``exc.args[0]`` is the root ``KafkaError`` as it is
+for confluent-kafka's own exceptions::
+
+    KafkaException                      (confluent_kafka)
+     └── KafkaTxnError                  base of everything raised here
+          ├── FatalError                the producer is unusable: close it
+          │    └── ProducerFencedError  a newer producer owns the transactional.id
+          ├── TransactionAbortableError abort the transaction; the producer stays usable
+          │    └── CommitFailedException commit_transaction() failed without a fatal cause
+          ├── ProduceFailedException    one record failed; .failure_type says how
+          ├── TransactionOutcomeUnknownError
+          │                             commit/abort ran out of time; the outcome is unknown
+          ├── IllegalStateError         API misuse: wrong call for the producer's state
+          └── ConfigurationError        bad settings (also a ValueError)
+
+Wrapping rule (KIP-691 "wrap at most once"): every exception carries the root
+``KafkaError`` as ``.kafka_error`` and ``args[0]``. Its ``__cause__`` is the single
+exception that brought that root into this library: the ``KafkaException`` confluent-kafka
+raised, or, when a transaction fails because a record failed, that record's
+``ProduceFailedException``, which itself has no cause. A chain is never longer than one.
+
+All exceptions pickle (Spark ships them from executors to the driver); ``__cause__`` is
+not part of a pickle, the root ``KafkaError`` and every attribute are.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+__all__ = [
+    "CommitFailedException",
+    "ConfigurationError",
+    "ErrorCategory",
+    "FailureType",
+    "FatalError",
+    "IllegalStateError",
+    "KafkaTxnError",
+    "ProduceFailedException",
+    "ProducerFencedError",
+    "TransactionAbortableError",
+    "TransactionOutcomeUnknownError",
+]
+
+
+class ErrorCategory(str, enum.Enum):
+    """What the application must do about an error (KIP-691)."""
+
+    FATAL = "fatal"
+    """The producer cannot continue: close it (and its consumer) and start a new one."""
+    ABORTABLE = "abortable"
+    """The current transaction cannot commit: abort it; the producer stays usable."""
+    RETRIABLE = "retriable"
+    """Transient: retried by librdkafka or this library until a deadline runs out."""
+
+
+class FailureType(str, enum.Enum):
+    """Why one record failed (KIP-691 ``ProduceFailedException.FailureType``)."""
+
+    MESSAGE_REJECTED = "message_rejected"
+    """This record is bad (too large, invalid, bad timestamp, not serializable)."""
+    DELIVERY_FAILED = "delivery_failed"
+    """The record could not be delivered now (timeouts, replicas, leader moves, or an
+    innocent record of a batch rejected for another record, KIP-467)."""
+    TRANSACTION_FAILED = "transaction_failed"
+    """The transaction failed around the record (fenced, invalid state, purged by abort)."""
+
+
+def _state_error(message: str) -> KafkaError:
+    return KafkaError(KafkaError._STATE, message)
+
+
+class KafkaTxnError(KafkaException):  # type: ignore[misc]  # confluent's stub types it Any
+    """Base class of every exception raised by kafka-txn."""
+
+    category: ErrorCategory | None = None
+
+    def __init__(self, message: str, *, kafka_error: KafkaError | None = None) -> None:
+        root = kafka_error if kafka_error is not None else self._default_root(message)
+        super().__init__(root)
+        self.message = message
+        self.kafka_error: KafkaError = root
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return KafkaError(KafkaError._FAIL, message)
+
+    @property
+    def code(self) -> int:
+        """The librdkafka/Kafka error code of the root cause."""
+        return int(self.kafka_error.code())
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, code={self.kafka_error.name()})"
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"kafka_error": self.kafka_error}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only context does not survive BaseException's default pickling.
+        return (_rebuild, (type(self), self.message, self._kwargs()))
+
+
+def _rebuild(cls: type[KafkaTxnError], message: str, kwargs: dict[str, Any]) -> KafkaTxnError:
+    return cls(message, **kwargs)
+
+
+class FatalError(KafkaTxnError):
+    """Raised when the producer can no longer be used: fenced, not authorized, unsupported
+    broker, invalid transaction state. Every later call raises the same error until
+    ``close()``; close the producer and its consumer, then start over."""
+
+    category = ErrorCategory.FATAL
+
+
+class ProducerFencedError(FatalError):
+    """Raised when another producer initialised the same ``transactional.id`` (a newer
+    epoch): this instance is a zombie and must stop."""
+
+
+class TransactionAbortableError(KafkaTxnError):
+    """Raised when the current transaction cannot commit. Call ``abort_transaction()``,
+    rewind inputs to the last committed position, and begin a new transaction."""
+
+    category = ErrorCategory.ABORTABLE
+
+
+class CommitFailedException(TransactionAbortableError):
+    """Raised by ``commit_transaction()`` for every non-fatal failure (KIP-691). Nothing
+    of the transaction is visible to read_committed consumers; abort and retry."""
+
+
+class ProduceFailedException(KafkaTxnError):
+    """Raised, or handed to a delivery callback or future, when one record fails.
+
+    ``failure_type`` tells whether the record itself was bad, could not be delivered, or
+    fell with its transaction. The transaction it belongs to cannot commit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kafka_error: KafkaError | None = None,
+        failure_type: FailureType,
+        category: ErrorCategory = ErrorCategory.ABORTABLE,
+        topic: str | None = None,
+        partition: int | None = None,
+        key: bytes | str | None = None,
+    ) -> None:
+        super().__init__(message, kafka_error=kafka_error)
+        self.failure_type = failure_type
+        self.category = category
+        self.topic = topic
+        self.partition = partition
+        self.key = key
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {
+            **super()._kwargs(),
+            "failure_type": self.failure_type,
+            "category": self.category,
+            "topic": self.topic,
+            "partition": self.partition,
+            "key": self.key,
+        }
+
+
+class TransactionOutcomeUnknownError(KafkaTxnError):
+    """Raised when ``commit_transaction()`` or ``abort_transaction()`` kept failing with
+    retriable errors until its deadline. The broker may already have written the decision,
+    so do NOT abort after a commit that raised this: call the same method again to learn
+    the outcome, or close the producer (the next ``init_transactions()`` for the
+    transactional.id completes or aborts it) and treat the inputs as possibly processed."""
+
+    category = ErrorCategory.RETRIABLE
+
+    def __init__(
+        self, message: str, *, kafka_error: KafkaError | None = None, operation: str
+    ) -> None:
+        super().__init__(message, kafka_error=kafka_error)
+        self.operation = operation
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {**super()._kwargs(), "operation": self.operation}
+
+
+class IllegalStateError(KafkaTxnError):
+    """Raised for API misuse: a call that the producer's current state does not allow
+    (send outside a transaction, begin twice, any call after ``close()``)."""
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return _state_error(message)
+
+
+class ConfigurationError(KafkaTxnError, ValueError):
+    """Raised at construction for settings that cannot work; the message names the key
+    and the fix. Nothing has been sent when this is raised."""
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return KafkaError(KafkaError._INVALID_ARG, message)

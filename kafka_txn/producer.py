@@ -1,0 +1,702 @@
+"""``TransactionalProducer``: confluent-kafka's transactional producer behind a guarded
+state machine and the KIP-691 error model.
+
+States and the calls each allows::
+
+    NEW --init_transactions--> READY --begin_transaction--> IN_TRANSACTION
+    IN_TRANSACTION --commit_transaction--> READY      (COMMITTING while retrying)
+    IN_TRANSACTION --abort_transaction--> READY       (ABORTING while retrying)
+    IN_TRANSACTION --abortable error--> ABORTABLE --abort_transaction--> READY
+    any --fatal error--> FATAL --close--> CLOSED;  any --close--> CLOSED
+
+Delivery reports reach one bound method set as librdkafka's default ``on_delivery``; it
+does no work for a delivered record and keeps no object per record, so a transaction of
+any size holds nothing in Python once its records are delivered.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import tenacity
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from .classification import classify, exception_for, produce_failure
+from .config import ProducerSettings, validate_config
+from .errors import (
+    CommitFailedException,
+    ConfigurationError,
+    ErrorCategory,
+    FatalError,
+    IllegalStateError,
+    KafkaTxnError,
+    ProduceFailedException,
+    TransactionAbortableError,
+    TransactionOutcomeUnknownError,
+)
+from .futures import DeliveryFuture
+
+__all__ = ["DeliveryCallback", "Serializer", "TransactionalProducer"]
+
+log = logging.getLogger("kafka_txn.producer")
+
+DeliveryCallback = Callable[[ProduceFailedException | None, Message], None]
+"""``callback(error, message)``: error is None when the record was delivered."""
+Serializer = Callable[[Any, SerializationContext], bytes | None]
+"""A confluent-kafka ``Serializer`` or any callable of the same shape."""
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    READY = "ready"
+    IN_TRANSACTION = "in transaction"
+    COMMITTING = "committing"
+    ABORTING = "aborting"
+    ABORTABLE = "abortable error"
+    FATAL = "fatal error"
+    CLOSED = "closed"
+
+
+_IN_TXN = _State.IN_TRANSACTION
+
+# Pause between tries of a call that failed with a retriable error: exponential from 50 ms
+# to 1 s, plus jitter so that many producers do not retry in step.
+_WAIT = tenacity.wait_exponential(multiplier=0.05, max=1.0) + tenacity.wait_random(0, 0.05)
+
+
+def _is_retriable(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, KafkaException)
+        and not isinstance(exc, KafkaTxnError)
+        and classify(exc.args[0])[0] is ErrorCategory.RETRIABLE
+    )
+
+
+class TransactionalProducer:
+    """A transactional Kafka producer whose every failure says what to do next.
+
+    ``config`` is a librdkafka dict or a ``ProducerSettings``; ``transactional.id`` is
+    required and idempotence cannot be turned off. ``operation_timeout`` bounds how long
+    ``commit_transaction``/``abort_transaction``/``init_transactions`` retry retriable
+    errors (default: ``transaction.timeout.ms``). ``queue_full_timeout`` is how long
+    ``produce()`` waits for room when librdkafka's local queue is full.
+    """
+
+    def __init__(
+        self,
+        config: dict[str, Any] | ProducerSettings,
+        *,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
+        operation_timeout: float | None = None,
+        queue_full_timeout: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        validated = validate_config(config)
+        self.transactional_id = validated.transactional_id
+        self._transaction_timeout_s = validated.transaction_timeout_ms / 1000.0
+        self._operation_timeout = (
+            operation_timeout if operation_timeout is not None else self._transaction_timeout_s
+        )
+        if self._operation_timeout <= 0:
+            raise ConfigurationError(
+                f"operation_timeout={operation_timeout!r} must be a positive number of seconds"
+            )
+        self._queue_full_timeout = queue_full_timeout
+        self._sleep = sleep
+        self._key_serializer = key_serializer
+        self._value_serializer = value_serializer
+        self._serializing = key_serializer is not None or value_serializer is not None
+        self._user_on_delivery = validated.callbacks.get("on_delivery")
+        self._user_error_cb = validated.callbacks.get("error_cb")
+
+        self._lock = threading.RLock()
+        self._state = _State.NEW
+        self._fatal: FatalError | None = None
+        self._abortable: KafkaTxnError | None = None
+        self._first_failure: ProduceFailedException | None = None
+        self._failed_records = 0
+        self._callback_error: BaseException | None = None
+
+        conf = dict(validated.librdkafka)
+        conf["on_delivery"] = self._on_delivery
+        conf["error_cb"] = self._on_error
+        if "stats_cb" in validated.callbacks:
+            conf["stats_cb"] = validated.callbacks["stats_cb"]
+        try:
+            self._producer = Producer(conf)
+        except KafkaException as exc:
+            err = exc.args[0]
+            raise ConfigurationError(
+                f"librdkafka rejected the producer configuration: {err.str()}. Check the "
+                "property name and value against librdkafka's CONFIGURATION.md",
+                kafka_error=err,
+            ) from exc
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"librdkafka rejected the producer configuration: {exc}"
+            ) from exc
+        self._produce = self._producer.produce
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def state(self) -> str:
+        """The state machine's current state, for logs and diagnostics."""
+        return self._state.value
+
+    @property
+    def in_transaction(self) -> bool:
+        """True between ``begin_transaction()`` and a successful commit or abort."""
+        return self._state in (_State.IN_TRANSACTION, _State.ABORTABLE, _State.COMMITTING)
+
+    # ------------------------------------------------------------------ transactions
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Register the transactional.id with its coordinator, fencing older producers
+        with the same id and aborting a transaction they left open."""
+        with self._lock:
+            self._require((_State.NEW,), "init_transactions")
+            self._retrying("init_transactions", self._producer.init_transactions, timeout)
+            self._state = _State.READY
+
+    def begin_transaction(self) -> None:
+        """Start a transaction; records sent until commit or abort belong to it."""
+        with self._lock:
+            self._require((_State.READY,), "begin_transaction")
+            self._drain()
+            self._first_failure = None
+            self._failed_records = 0
+            try:
+                self._producer.begin_transaction()
+            except KafkaException as exc:
+                raise self._on_call_error(exc, "begin_transaction") from exc
+            self._state = _IN_TXN
+
+    def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        on_delivery: DeliveryCallback | None = None,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> None:
+        """Send one record in the open transaction; ``on_delivery(error, message)`` is
+        called from ``poll()``/``flush()``/commit with a ``ProduceFailedException`` or None.
+        Raises ``ProduceFailedException`` at once if the record cannot be queued."""
+        if self._state is not _IN_TXN:
+            self._refuse_send("produce")
+        if self._serializing:
+            key, value = self._serialize(topic, key, value, headers)
+        cb = None if on_delivery is None else self._chain(on_delivery)
+        try:
+            if cb is None:
+                self._produce(topic, value, key, partition, timestamp=timestamp, headers=headers)
+            else:
+                self._produce(
+                    topic,
+                    value,
+                    key,
+                    partition,
+                    on_delivery=cb,
+                    timestamp=timestamp,
+                    headers=headers,
+                )
+        except BufferError:
+            self._produce_when_room(topic, value, key, partition, cb, timestamp, headers)
+        except KafkaException as exc:
+            raise self._sync_failure(exc, topic, partition, key) from exc
+        except TypeError as exc:
+            raise self._type_error(exc, key, value) from None
+
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> DeliveryFuture:
+        """Like ``produce()``, returning a ``DeliveryFuture`` of the delivered ``Message``."""
+        future = DeliveryFuture(self.poll)
+        self.produce(topic, value, key, partition, future._resolve, timestamp, headers)
+        return future
+
+    def send_offsets_to_transaction(
+        self,
+        offsets: Sequence[TopicPartition],
+        group_metadata: Any,
+        timeout: float | None = None,
+    ) -> None:
+        """Commit the consumer's next offsets as part of this transaction: they become
+        the group's committed offsets only if the transaction commits."""
+        with self._lock:
+            self._require((_IN_TXN,), "send_offsets_to_transaction")
+            try:
+                self._retrying(
+                    "send_offsets_to_transaction",
+                    lambda t: self._producer.send_offsets_to_transaction(
+                        list(offsets), group_metadata, t
+                    ),
+                    timeout,
+                )
+            except TransactionOutcomeUnknownError as exc:
+                # The offsets may or may not have joined the transaction: it cannot commit.
+                abortable = TransactionAbortableError(
+                    f"{exc.message}; the transaction must be aborted",
+                    kafka_error=exc.kafka_error,
+                )
+                self._enter_abortable(abortable)
+                raise abortable from exc.__cause__
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Commit the open transaction. Raises ``CommitFailedException`` for every
+        non-fatal failure (abort and retry), ``FatalError`` when the producer is dead, and
+        ``TransactionOutcomeUnknownError`` when retriable errors outlast the deadline (call
+        ``commit_transaction()`` again; never abort then)."""
+        with self._lock:
+            if self._state is _State.ABORTABLE:
+                raise self._commit_failed(self._abortable)
+            self._require((_IN_TXN, _State.COMMITTING), "commit_transaction")
+            if self._first_failure is not None:  # a record already failed: cannot commit
+                raise self._commit_failed(self._first_failure)
+            self._state = _State.COMMITTING
+            try:
+                self._retrying("commit_transaction", self._producer.commit_transaction, timeout)
+            except CommitFailedException:
+                # A record that failed during commit's flush is the real cause (KIP-691).
+                if self._first_failure is not None:
+                    raise self._commit_failed(self._first_failure)  # noqa: B904 - cause set
+                raise
+            self._state = _State.READY
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the open transaction: nothing of it becomes visible to read_committed
+        consumers, and records still queued fail with TRANSACTION_FAILED."""
+        with self._lock:
+            if self._state is _State.COMMITTING:
+                raise IllegalStateError(
+                    "abort_transaction() refused: a commit_transaction() call ran out of time "
+                    "and the broker may already have committed. Call commit_transaction() "
+                    "again, or close() the producer and let the next init_transactions() "
+                    "settle the transaction"
+                )
+            self._require((_IN_TXN, _State.ABORTABLE, _State.ABORTING), "abort_transaction")
+            self._state = _State.ABORTING
+            self._retrying("abort_transaction", self._producer.abort_transaction, timeout)
+            # librdkafka purged the queue; serve those reports now so that none of them is
+            # counted against the next transaction.
+            self._drain()
+            self._abortable = None
+            self._first_failure = None
+            self._state = _State.READY
+
+    @contextmanager
+    def transaction(self) -> Iterator[TransactionalProducer]:
+        """``with producer.transaction():`` begins, commits on success, and aborts on an
+        exception (re-raised). A ``CommitFailedException`` is raised after the abort."""
+        self.begin_transaction()
+        try:
+            yield self
+        except BaseException:
+            if self._state in (_IN_TXN, _State.ABORTABLE):
+                self.abort_transaction()
+            raise
+        try:
+            self.commit_transaction()
+        except CommitFailedException:
+            self.abort_transaction()
+            raise
+
+    # ------------------------------------------------------------------ plumbing calls
+    def poll(self, timeout: float = 0) -> int:
+        """Serve delivery reports and callbacks; returns how many events were served."""
+        self._raise_if_dead("poll")
+        return self._call("poll", self._producer.poll, timeout)
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every queued record is delivered or failed; returns how many are
+        still queued when ``timeout`` seconds pass."""
+        self._raise_if_dead("flush")
+        return self._call("flush", self._producer.flush, -1 if timeout is None else timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Release the producer. An open transaction is aborted (best effort: if that
+        fails, the broker aborts it at ``transaction.timeout.ms`` or when the
+        transactional.id is next initialised). Safe to call more than once."""
+        with self._lock:
+            if self._state is _State.CLOSED:
+                return
+            if self._state in (_IN_TXN, _State.ABORTABLE, _State.ABORTING):
+                try:
+                    self.abort_transaction(timeout)
+                except KafkaTxnError as exc:
+                    log.warning("close(): abort of the open transaction failed: %s", exc)
+            self._state = _State.CLOSED
+            try:
+                self._producer.flush(0)
+                close = getattr(self._producer, "close", None)
+                if close is not None:
+                    close()
+            except (KafkaException, RuntimeError) as exc:  # closing a dead handle
+                log.debug("close(): %s", exc)
+
+    def __enter__(self) -> TransactionalProducer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        """Records queued or in flight."""
+        return len(self._producer)
+
+    def __repr__(self) -> str:
+        return f"<TransactionalProducer {self.transactional_id!r} {self._state.value}>"
+
+    # ------------------------------------------------------------------ internals
+    def _require(self, allowed: tuple[_State, ...], operation: str) -> None:
+        state = self._state
+        if state in allowed:
+            return
+        self._raise_if_dead(operation)
+        if state is _State.NEW:
+            hint = "call init_transactions() first"
+        elif state is _State.READY:
+            hint = (
+                "init_transactions() was already called"
+                if operation == "init_transactions"
+                else "no transaction is open: call begin_transaction() first"
+            )
+        elif state is _State.ABORTABLE:
+            hint = "the transaction failed: call abort_transaction()"
+        elif state is _State.COMMITTING:
+            hint = "a commit is in progress: call commit_transaction() again"
+        elif state is _State.ABORTING:
+            hint = "an abort is in progress: call abort_transaction() again"
+        else:
+            hint = "a transaction is already open: commit or abort it first"
+        err = IllegalStateError(f"{operation}() not allowed in state '{state.value}': {hint}")
+        if state is _State.ABORTABLE and self._abortable is not None:
+            raise err from self._abortable
+        raise err
+
+    def _raise_if_dead(self, operation: str) -> None:
+        if self._fatal is not None:
+            raise self._fatal.with_traceback(None)
+        if self._state is _State.CLOSED:
+            raise IllegalStateError(f"{operation}() called after close()")
+
+    def _refuse_send(self, operation: str) -> None:
+        if self._state is _State.ABORTABLE and self._abortable is not None:
+            raise TransactionAbortableError(
+                f"{operation}() refused: the transaction already failed "
+                f"({self._abortable.message}); call abort_transaction()",
+                kafka_error=self._abortable.kafka_error,
+            ) from self._root_exception(self._abortable)
+        self._require((_IN_TXN,), operation)
+
+    def _retrying(
+        self, operation: str, call: Callable[[float], object], timeout: float | None
+    ) -> None:
+        """Run a blocking librdkafka call, retrying retriable errors until the deadline
+        (tenacity), translating everything else through the error table."""
+        budget = self._operation_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_is_retriable),
+            stop=tenacity.stop_after_delay(budget),
+            wait=_WAIT,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    self._call(operation, call, max(0.001, deadline - time.monotonic()))
+        except KafkaException as exc:
+            if isinstance(exc, KafkaTxnError):
+                raise
+            err = exc.args[0]
+            if _is_retriable(exc):
+                raise TransactionOutcomeUnknownError(
+                    self._outcome_unknown_message(operation, budget, err),
+                    kafka_error=err,
+                    operation=operation,
+                ) from exc
+            raise self._on_call_error(exc, operation) from exc
+
+    @staticmethod
+    def _outcome_unknown_message(operation: str, budget: float, err: KafkaError) -> str:
+        base = f"{operation}() did not complete within {budget:g}s ({err.str()})"
+        if operation == "commit_transaction":
+            return (
+                f"{base}: the broker may already have committed. Call commit_transaction() "
+                "again; do not abort. If you close instead, the next init_transactions() for "
+                "this transactional.id finishes the commit or aborts it"
+            )
+        if operation == "abort_transaction":
+            return f"{base}: call abort_transaction() again, or close() the producer"
+        return f"{base}: call {operation}() again"
+
+    def _call(self, operation: str, call: Callable[..., Any], *args: Any) -> Any:
+        """One confluent-kafka call that may run callbacks: surfaces a fatal error
+        recorded meanwhile, and re-raises a user callback's exception here, outside
+        librdkafka's stack (raising inside it is what makes confluent-kafka raise
+        SystemError)."""
+        try:
+            result = call(*args)
+        except SystemError as exc:
+            # confluent-kafka raises SystemError when an exception was pending while a
+            # callback ran during a fatal error; the fatal error is the real cause.
+            self._serve_error_callbacks()
+            if self._fatal is not None:
+                raise self._fatal.with_traceback(None) from exc
+            raise
+        except KafkaException as exc:
+            if not isinstance(exc, KafkaTxnError) and classify(exc.args[0])[0] is (
+                ErrorCategory.FATAL
+            ):
+                raise self._on_call_error(exc, operation) from exc
+            self._raise_callback_error()
+            raise
+        self._raise_callback_error()
+        if self._fatal is not None and operation in ("poll", "flush"):
+            raise self._fatal.with_traceback(None)
+        return result
+
+    def _serve_error_callbacks(self) -> None:
+        try:
+            self._producer.poll(0)
+        except Exception as exc:  # noqa: BLE001 - only to let error_cb run
+            log.debug("poll(0) after SystemError raised %r", exc)
+
+    def _raise_callback_error(self) -> None:
+        if self._callback_error is not None:
+            exc, self._callback_error = self._callback_error, None
+            raise exc
+
+    def _on_call_error(self, exc: KafkaException, operation: str) -> KafkaTxnError:
+        """Translate a confluent-kafka exception from ``operation`` and move the state
+        machine; the caller raises the result ``from exc``."""
+        err = exc.args[0]
+        if err.code() == KafkaError._FATAL:
+            # The call reports only "_FATAL"; error_cb carries the underlying cause.
+            self._serve_error_callbacks()
+            if self._fatal is not None:
+                return self._fatal.with_traceback(None)
+        mapped = exception_for(err, operation)
+        if isinstance(mapped, FatalError):
+            self._enter_fatal(mapped)
+        elif operation in ("init_transactions", "abort_transaction"):
+            # Nothing to abort to: librdkafka's non-retriable failures here leave no way on.
+            fatal = FatalError(mapped.message, kafka_error=err)
+            self._enter_fatal(fatal)
+            return fatal
+        elif operation == "begin_transaction":
+            return IllegalStateError(mapped.message, kafka_error=err)
+        else:
+            self._enter_abortable(mapped)
+        return mapped
+
+    def _enter_fatal(self, exc: FatalError) -> None:
+        if self._fatal is None:
+            self._fatal = exc
+            log.error("producer %r is now unusable: %s", self.transactional_id, exc)
+        if self._state is not _State.CLOSED:
+            self._state = _State.FATAL
+
+    def _enter_abortable(self, exc: KafkaTxnError) -> None:
+        if self._abortable is None:
+            self._abortable = exc
+        if self._state in (_IN_TXN, _State.COMMITTING):
+            self._state = _State.ABORTABLE
+
+    @staticmethod
+    def _root_exception(exc: KafkaTxnError) -> BaseException:
+        """The exception holding ``exc``'s root cause, to chain from: never a chain of two."""
+        if isinstance(exc, ProduceFailedException) or exc.__cause__ is None:
+            return exc
+        return exc.__cause__
+
+    def _commit_failed(self, cause: KafkaTxnError | KafkaException | None) -> KafkaTxnError:
+        if self._fatal is not None:
+            return self._fatal.with_traceback(None)
+        if cause is None:  # pragma: no cover - state machine invariant
+            cause = TransactionAbortableError("the transaction failed")
+        if isinstance(cause, KafkaTxnError):
+            err, root = cause.kafka_error, self._root_exception(cause)
+            reason = cause.message
+        else:
+            err, root = cause.args[0], cause
+            reason = f"{err.str()} ({err.name()})"
+        if self._failed_records > 1:
+            reason += f"; {self._failed_records} records failed in all"
+        exc = CommitFailedException(
+            f"commit_transaction() failed: {reason}. Abort the transaction, rewind the "
+            "inputs, and retry",
+            kafka_error=err,
+        )
+        exc.__cause__ = root
+        self._enter_abortable(exc)
+        return exc
+
+    def _drain(self) -> None:
+        try:
+            self._call("poll", self._producer.poll, 0)
+        except KafkaException:
+            if self._fatal is not None:
+                raise self._fatal.with_traceback(None) from None
+            raise
+
+    # ------------------------------------------------------------------ record path
+    def _chain(self, user_cb: DeliveryCallback) -> Callable[[KafkaError | None, Message], None]:
+        on_delivery = self._on_delivery
+
+        def deliver(err: KafkaError | None, msg: Message) -> None:
+            failure = on_delivery(err, msg)
+            try:
+                user_cb(failure, msg)
+            except BaseException as exc:  # re-raised by _call, outside librdkafka's stack
+                if self._callback_error is None:
+                    self._callback_error = exc
+
+        return deliver
+
+    def _on_delivery(
+        self, err: KafkaError | None, msg: Message
+    ) -> ProduceFailedException | None:
+        if err is None:
+            if self._user_on_delivery is not None:
+                self._call_user(self._user_on_delivery, None, msg)
+            return None
+        failure = produce_failure(err, msg.topic(), msg.partition(), msg.key())
+        self._record_failure(failure)
+        if self._user_on_delivery is not None:
+            self._call_user(self._user_on_delivery, failure, msg)
+        return failure
+
+    def _call_user(self, cb: Callable[..., None], *args: Any) -> None:
+        try:
+            cb(*args)
+        except BaseException as exc:  # re-raised by _call, outside librdkafka's stack
+            if self._callback_error is None:
+                self._callback_error = exc
+
+    def _record_failure(self, failure: ProduceFailedException) -> None:
+        self._failed_records += 1
+        if self._first_failure is None:
+            self._first_failure = failure
+        if failure.category is ErrorCategory.FATAL:
+            fatal = exception_for(failure.kafka_error, "produce")
+            if isinstance(fatal, FatalError):
+                fatal.__cause__ = failure
+                self._enter_fatal(fatal)
+
+    def _on_error(self, err: KafkaError) -> None:
+        # confluent-kafka hands error_cb the underlying error of a _FATAL, flagged fatal().
+        if err.fatal() and self._fatal is None:
+            fatal = exception_for(err, "producer")
+            if isinstance(fatal, FatalError):
+                fatal.__cause__ = KafkaException(err)
+                self._enter_fatal(fatal)
+        if self._user_error_cb is not None:
+            self._call_user(self._user_error_cb, err)
+        elif not err.fatal():
+            log.info("librdkafka: %s (%s)", err.str(), err.name())
+
+    def _sync_failure(
+        self, exc: KafkaException, topic: str, partition: int, key: Any
+    ) -> KafkaTxnError:
+        err = exc.args[0]
+        if classify(err)[0] is ErrorCategory.FATAL or err.code() == KafkaError._FATAL:
+            return self._on_call_error(exc, "produce")
+        failure = produce_failure(err, topic, partition, key)
+        # The record never entered librdkafka, so librdkafka would commit without it:
+        # remember it so that commit_transaction() refuses (KIP-691).
+        self._record_failure(failure)
+        return failure
+
+    def _produce_when_room(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        partition: int,
+        cb: Callable[..., None] | None,
+        timestamp: int,
+        headers: Any,
+    ) -> None:
+        """librdkafka's queue is full: serve delivery reports until there is room, like
+        Java's send() blocking up to max.block.ms."""
+        deadline = time.monotonic() + self._queue_full_timeout
+        while True:
+            self.poll(0.05)
+            try:
+                if cb is None:
+                    self._produce(
+                        topic, value, key, partition, timestamp=timestamp, headers=headers
+                    )
+                else:
+                    self._produce(
+                        topic,
+                        value,
+                        key,
+                        partition,
+                        on_delivery=cb,
+                        timestamp=timestamp,
+                        headers=headers,
+                    )
+                return
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    err = KafkaError(
+                        KafkaError._QUEUE_FULL,
+                        f"local queue still full after {self._queue_full_timeout:g}s",
+                    )
+                    failure = produce_failure(err, topic, partition, key)
+                    self._record_failure(failure)
+                    raise failure from None
+            except KafkaException as exc:
+                raise self._sync_failure(exc, topic, partition, key) from exc
+
+    def _serialize(self, topic: str, key: Any, value: Any, headers: Any) -> tuple[Any, Any]:
+        field = MessageField.KEY
+        try:
+            if self._key_serializer is not None:
+                key = self._key_serializer(key, SerializationContext(topic, field, headers))
+            field = MessageField.VALUE
+            if self._value_serializer is not None:
+                value = self._value_serializer(
+                    value, SerializationContext(topic, field, headers)
+                )
+        except Exception as exc:
+            code = (
+                KafkaError._KEY_SERIALIZATION
+                if field == MessageField.KEY
+                else KafkaError._VALUE_SERIALIZATION
+            )
+            failure = produce_failure(
+                KafkaError(code, f"{field} serializer failed: {exc!r}"), topic, None, None
+            )
+            self._record_failure(failure)
+            raise failure from exc
+        return key, value
+
+    def _type_error(self, exc: TypeError, key: Any, value: Any) -> TypeError:
+        pairs = (("value", value, "value_serializer"), ("key", key, "key_serializer"))
+        for name, obj, option in pairs:
+            if obj is not None and not isinstance(obj, (bytes, str)):
+                return TypeError(
+                    f"{name} must be bytes, str or None, got {type(obj).__name__}: encode it "
+                    f"first or pass {option}=... to TransactionalProducer"
+                )
+        return TypeError(f"produce() arguments rejected by confluent-kafka: {exc}")

@@ -1,0 +1,78 @@
+"""Fixtures: the session's broker (see tests/rig.py), a fresh topic per test, and a
+librdkafka mock cluster per test for fault injection."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from kafka_txn.testing import MockCluster
+from tests.rig import Broker, start_broker
+
+_broker: Broker | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _broker
+    if config.option.collectonly:
+        return
+    _broker = start_broker()  # raises, failing the run, when no broker can be had
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _broker
+    if _broker is not None:
+        _broker.stop()
+        _broker = None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    where = _broker.description if _broker else "none (collection only)"
+    return f"kafka broker: {where}"
+
+
+@pytest.fixture(scope="session")
+def broker() -> Broker:
+    assert _broker is not None, "the broker starts in pytest_configure"
+    return _broker
+
+
+@pytest.fixture
+def topic(broker: Broker) -> str:
+    return broker.create_topic(partitions=3)
+
+
+@pytest.fixture
+def txn_id() -> str:
+    return f"txn-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def producer_config(broker: Broker, txn_id: str) -> dict[str, Any]:
+    return {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+
+
+@pytest.fixture
+def mock_cluster() -> Iterator[MockCluster]:
+    with MockCluster(brokers=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def mock_config(mock_cluster: MockCluster, txn_id: str) -> Callable[..., dict[str, Any]]:
+    """Producer config for the mock cluster; keyword arguments add librdkafka settings
+    with '_' standing for '.'."""
+
+    def make(**extra: Any) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": mock_cluster.bootstrap_servers,
+            "transactional.id": txn_id,
+            "retry.backoff.ms": 10,
+        }
+        conf.update({k.replace("_", "."): v for k, v in extra.items()})
+        return conf
+
+    return make

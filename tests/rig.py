@@ -1,0 +1,215 @@
+"""The test rig's broker: a real cluster named by KAFKA_BOOTSTRAP_SERVERS, else
+testcontainers' Kafka when a Docker engine answers, else the local noida-db from PyPI
+(pinned in pyproject.toml), started on a free loopback port and stopped at the end.
+
+If no broker can be had, this raises: CI fails rather than skipping broker tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Broker:
+    """A running broker: where it is, what it is, and how to stop it."""
+
+    bootstrap_servers: str
+    description: str
+    _stop: Any = field(default=None, repr=False)
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
+
+    def admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap_servers})
+
+    def create_topic(self, partitions: int = 1, prefix: str = "t") -> str:
+        """A new topic with a unique name, created and visible in metadata."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        admin = self.admin()  # must outlive the futures
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+            operation_timeout=30,
+        )
+        futures[name].result(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            md = admin.list_topics(name, timeout=10)
+            topic = md.topics.get(name)
+            if topic is not None and topic.error is None and len(topic.partitions) == partitions:
+                return name
+            time.sleep(0.1)
+        raise RuntimeError(f"topic {name} did not appear in metadata")
+
+    def read_committed(
+        self, topic: str, expected: int | None = None, timeout: float = 15.0
+    ) -> list[tuple[bytes | None, bytes | None]]:
+        """Every (key, value) a read_committed consumer sees in ``topic``: waits for
+        ``expected`` records, or until the end of every partition when None."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap_servers,
+                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            md = consumer.list_topics(topic, timeout=10)
+            partitions = set(md.topics[topic].partitions)
+            consumer.subscribe([topic])
+            seen: list[tuple[bytes | None, bytes | None]] = []
+            at_eof: set[int] = set()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() == err._PARTITION_EOF:
+                        at_eof.add(msg.partition())
+                        if expected is None and at_eof >= partitions:
+                            return seen
+                        continue
+                    raise KafkaException(err)
+                at_eof.discard(msg.partition())
+                seen.append((msg.key(), msg.value()))
+                if expected is not None and len(seen) >= expected:
+                    # Linger briefly: anything beyond `expected` is a duplicate to catch.
+                    extra_deadline = time.monotonic() + 1.0
+                    while time.monotonic() < extra_deadline:
+                        more = consumer.poll(0.2)
+                        if more is not None and more.error() is None:
+                            seen.append((more.key(), more.value()))
+                    return seen
+            return seen
+        finally:
+            consumer.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes] | None, log: Path | None) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            output = log.read_text(errors="replace") if log else ""
+            raise RuntimeError(f"the broker exited with {proc.returncode}:\n{output}")
+        try:
+            AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=2)
+            return
+        except KafkaException as exc:
+            last = exc
+            time.sleep(0.2)
+    raise RuntimeError(f"broker at {bootstrap} not ready after {START_TIMEOUT_S}s: {last}")
+
+
+def _noida_binary() -> Path:
+    binary = Path(str(resources.files("noida_db").joinpath("noida-db")))
+    if not binary.is_file():
+        raise RuntimeError(f"noida-db binary missing at {binary}: pip install 'kafka-txn[test]'")
+    binary.chmod(0o755)
+    return binary
+
+
+def start_noida() -> Broker:
+    """Start noida-db's Kafka service alone, on 127.0.0.1 and a free port. Its binary is
+    started directly (not through the Python wrapper) so that its PID is what we stop."""
+    version = metadata.version("noida-db")
+    data_dir = Path(tempfile.mkdtemp(prefix="kafka-txn-noida-"))
+    log_path = data_dir / "noida.log"
+    port = _free_port()
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [
+                str(_noida_binary()),
+                "start",
+                "--data-dir",
+                str(data_dir / "data"),
+                "--host",
+                "127.0.0.1",
+                "--only",
+                "kafka",
+                "--kafka-port",
+                str(port),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        _wait_ready(bootstrap, proc, log_path)
+    except BaseException:
+        stop()
+        raise
+    return Broker(bootstrap, f"local noida-db {version} (pid {proc.pid})", stop)
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+def start_testcontainers() -> Broker:
+    from testcontainers.kafka import KafkaContainer
+
+    container = KafkaContainer().with_kraft()
+    container.start()
+    bootstrap = container.get_bootstrap_server()
+    _wait_ready(bootstrap, None, None)
+    return Broker(bootstrap, f"testcontainers Kafka ({container.image})", container.stop)
+
+
+def start_broker() -> Broker:
+    """The broker the whole test session uses, chosen in the documented order."""
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        _wait_ready(external, None, None)
+        return Broker(external, f"KAFKA_BOOTSTRAP_SERVERS={external} (real cluster)")
+    if _docker_answers():
+        return start_testcontainers()
+    return start_noida()

@@ -10,13 +10,12 @@ GroupAuthorization, FencedInstanceId and the codes Java turns into CommitFailedE
 ``fatal()`` is never downgraded.
 
 The FailureType column says what a record that failed with the code is told. docs/errors.md
-is generated from this table (``python -m kafka_txn.classification``); a test fails when
-the two drift.
+is generated from this table (``python -m kafka_txn._docs``); a test fails when the two
+drift.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Final
 
@@ -129,7 +128,12 @@ _ROWS: Final[tuple[tuple[str, ErrorCategory, FailureType, str], ...]] = (
     ("_NOOP", R, DEL, "no operation performed"),
     ("_AUTO_OFFSET_RESET", A, DEL, "consumer only"),
     ("_LOG_TRUNCATION", A, DEL, "consumer only"),
-    ("_INVALID_DIFFERENT_RECORD", A, DEL, "innocent record of a batch rejected for another (KIP-467)"),
+    (
+        "_INVALID_DIFFERENT_RECORD",
+        A,
+        DEL,
+        "innocent record of a batch rejected for another (KIP-467)",
+    ),
     ("_DESTROY_BROKER", R, DEL, "broker handle destroyed"),
     # --- broker errors -----------------------------------------------------------------
     ("UNKNOWN", F, DEL, "unexpected server error (KIP-691: unexpected is fatal)"),
@@ -182,7 +186,12 @@ _ROWS: Final[tuple[tuple[str, ErrorCategory, FailureType, str], ...]] = (
     ("INVALID_PRODUCER_EPOCH", F, TXN, "an operation used an old epoch: fenced"),
     ("INVALID_TXN_STATE", F, TXN, "transactional request in an invalid state"),
     ("INVALID_PRODUCER_ID_MAPPING", A, TXN, "KIP-360: abortable, the epoch is bumped"),
-    ("INVALID_TRANSACTION_TIMEOUT", F, TXN, "transaction.timeout.ms over transaction.max.timeout.ms"),
+    (
+        "INVALID_TRANSACTION_TIMEOUT",
+        F,
+        TXN,
+        "transaction.timeout.ms over transaction.max.timeout.ms",
+    ),
     ("CONCURRENT_TRANSACTIONS", R, TXN, "previous transaction still completing"),
     ("TRANSACTION_COORDINATOR_FENCED", R, TXN, "coordinator epoch moved"),
     ("TRANSACTIONAL_ID_AUTHORIZATION_FAILED", F, TXN, "no WRITE on the transactional.id"),
@@ -366,7 +375,3 @@ def render_markdown() -> str:
             f"{rule.failure_type.name} | {override} | {rule.note} |"
         )
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":  # pragma: no cover - used by `python -m kafka_txn.classification`
-    sys.stdout.write(render_markdown())

@@ -23,6 +23,30 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 """librdkafka's default transaction.timeout.ms."""
 
 _CALLBACK_KEYS = ("on_delivery", "error_cb", "stats_cb")
+
+# librdkafka reports a bad value under a property's canonical name; users often set the
+# alias. Enough of them to point at the key the user actually wrote.
+LIBRDKAFKA_ALIASES: dict[str, tuple[str, ...]] = {
+    "queue.buffering.max.ms": ("linger.ms",),
+    "message.send.max.retries": ("retries",),
+    "request.required.acks": ("acks",),
+    "compression.codec": ("compression.type",),
+    "max.in.flight.requests.per.connection": ("max.in.flight",),
+    "metadata.broker.list": ("bootstrap.servers",),
+    "message.timeout.ms": ("delivery.timeout.ms",),
+}
+
+
+def user_key_for(canonical: str, config: Mapping[str, Any]) -> str:
+    """The key in ``config`` that librdkafka's ``canonical`` property name refers to."""
+    if canonical in config:
+        return canonical
+    for alias in LIBRDKAFKA_ALIASES.get(canonical, ()):
+        if alias in config:
+            return alias
+    return canonical
+
+
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -141,4 +165,3 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
             callbacks[key] = cb
     conf["enable.idempotence"] = True
     return ValidatedConfig(conf, txn_id, timeout_ms, callbacks)
-

@@ -75,7 +75,7 @@ def _state_error(message: str) -> KafkaError:
     return KafkaError(KafkaError._STATE, message)
 
 
-class KafkaTxnError(KafkaException):  # type: ignore[misc]  # confluent's stub types it Any
+class KafkaTxnError(KafkaException):
     """Base class of every exception raised by kafka-txn."""
 
     category: ErrorCategory | None = None

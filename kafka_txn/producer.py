@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +30,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from .classification import classify, exception_for, produce_failure
-from .config import ProducerSettings, validate_config
+from .config import ProducerSettings, user_key_for, validate_config
 from .errors import (
     CommitFailedException,
     ConfigurationError,
@@ -65,6 +66,7 @@ class _State(enum.Enum):
 
 
 _IN_TXN = _State.IN_TRANSACTION
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 # Pause between tries of a call that failed with a retriable error: exponential from 50 ms
 # to 1 s, plus jitter so that many producers do not retry in step.
@@ -134,8 +136,14 @@ class TransactionalProducer:
             self._producer = Producer(conf)
         except KafkaException as exc:
             err = exc.args[0]
+            reason = err.str()
+            named = re.search(r'property "([^"]+)"', reason)
+            if named is not None:
+                key = user_key_for(named.group(1), conf)
+                if key != named.group(1):
+                    reason += f" (set as {key!r})"
             raise ConfigurationError(
-                f"librdkafka rejected the producer configuration: {err.str()}. Check the "
+                f"librdkafka rejected the producer configuration: {reason}. Check the "
                 "property name and value against librdkafka's CONFIGURATION.md",
                 kafka_error=err,
             ) from exc
@@ -320,13 +328,13 @@ class TransactionalProducer:
     def poll(self, timeout: float = 0) -> int:
         """Serve delivery reports and callbacks; returns how many events were served."""
         self._raise_if_dead("poll")
-        return self._call("poll", self._producer.poll, timeout)
+        return int(self._call("poll", self._producer.poll, timeout))
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every queued record is delivered or failed; returns how many are
         still queued when ``timeout`` seconds pass."""
         self._raise_if_dead("flush")
-        return self._call("flush", self._producer.flush, -1 if timeout is None else timeout)
+        return int(self._call("flush", self._producer.flush, -1 if timeout is None else timeout))
 
     def close(self, timeout: float = 10.0) -> None:
         """Release the producer. An open transaction is aborted (best effort: if that
@@ -476,7 +484,7 @@ class TransactionalProducer:
     def _serve_error_callbacks(self) -> None:
         try:
             self._producer.poll(0)
-        except Exception as exc:  # noqa: BLE001 - only to let error_cb run
+        except Exception as exc:
             log.debug("poll(0) after SystemError raised %r", exc)
 
     def _raise_callback_error(self) -> None:
@@ -571,9 +579,7 @@ class TransactionalProducer:
 
         return deliver
 
-    def _on_delivery(
-        self, err: KafkaError | None, msg: Message
-    ) -> ProduceFailedException | None:
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> ProduceFailedException | None:
         if err is None:
             if self._user_on_delivery is not None:
                 self._call_user(self._user_on_delivery, None, msg)
@@ -593,7 +599,8 @@ class TransactionalProducer:
 
     def _record_failure(self, failure: ProduceFailedException) -> None:
         self._failed_records += 1
-        if self._first_failure is None:
+        # A purged record is a consequence of the transaction failing, never its cause.
+        if self._first_failure is None and failure.kafka_error.code() not in _PURGED:
             self._first_failure = failure
         if failure.category is ErrorCategory.FATAL:
             fatal = exception_for(failure.kafka_error, "produce")
@@ -675,9 +682,7 @@ class TransactionalProducer:
                 key = self._key_serializer(key, SerializationContext(topic, field, headers))
             field = MessageField.VALUE
             if self._value_serializer is not None:
-                value = self._value_serializer(
-                    value, SerializationContext(topic, field, headers)
-                )
+                value = self._value_serializer(value, SerializationContext(topic, field, headers))
         except Exception as exc:
             code = (
                 KafkaError._KEY_SERIALIZATION

@@ -151,4 +151,3 @@ class MockCluster:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-

@@ -12,32 +12,30 @@ import pytest
 from kafka_txn.testing import MockCluster
 from tests.rig import Broker, start_broker
 
-_broker: Broker | None = None
+_SESSION: dict[str, Broker] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _broker
     if config.option.collectonly:
         return
-    _broker = start_broker()  # raises, failing the run, when no broker can be had
+    _SESSION["broker"] = start_broker()  # raises, failing the run, when none can be had
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _broker
-    if _broker is not None:
-        _broker.stop()
-        _broker = None
+    broker = _SESSION.pop("broker", None)
+    if broker is not None:
+        broker.stop()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    where = _broker.description if _broker else "none (collection only)"
-    return f"kafka broker: {where}"
+    broker = _SESSION.get("broker")
+    return f"kafka broker: {broker.description if broker else 'none (collection only)'}"
 
 
 @pytest.fixture(scope="session")
 def broker() -> Broker:
-    assert _broker is not None, "the broker starts in pytest_configure"
-    return _broker
+    assert "broker" in _SESSION, "the broker starts in pytest_configure"
+    return _SESSION["broker"]
 
 
 @pytest.fixture

@@ -1,0 +1,199 @@
+"""Transactions against the test rig's broker (see the session header for which ran)."""
+
+from __future__ import annotations
+
+import gc
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from kafka_txn import (
+    CommitFailedException,
+    FailureType,
+    FatalError,
+    IllegalStateError,
+    ProduceFailedException,
+    ProducerFencedError,
+    TransactionalProducer,
+)
+
+pytestmark = pytest.mark.broker
+
+
+def test_committed_visible_and_aborted_invisible(broker, topic, producer_config):
+    with TransactionalProducer(producer_config) as p:
+        p.init_transactions()
+        with p.transaction():
+            for i in range(5):
+                p.produce(topic, b"c%d" % i, key=b"k%d" % i)
+        p.begin_transaction()
+        p.produce(topic, b"aborted")
+        p.flush()
+        p.abort_transaction()
+        with p.transaction():
+            p.send(topic, b"after-abort")
+    seen = sorted(v for _, v in broker.read_committed(topic))
+    assert seen == [b"after-abort", b"c0", b"c1", b"c2", b"c3", b"c4"]
+
+
+def test_exception_in_transaction_block_aborts(broker, topic, producer_config):
+    with TransactionalProducer(producer_config) as p:
+        p.init_transactions()
+        with pytest.raises(ZeroDivisionError), p.transaction():
+            p.produce(topic, b"never")
+            p.flush()
+            1 / 0  # noqa: B018
+        assert p.state == "ready"
+        with p.transaction():
+            p.produce(topic, b"kept")
+    assert broker.read_committed(topic) == [(None, b"kept")]
+
+
+def test_second_producer_fences_the_first(broker, topic, producer_config):
+    first = TransactionalProducer(producer_config)
+    first.init_transactions()
+    first.begin_transaction()
+    first.produce(topic, b"zombie")
+    first.flush()
+
+    with TransactionalProducer(producer_config) as second:
+        second.init_transactions()  # bumps the epoch: `first` is now a zombie
+        with pytest.raises(FatalError) as info:
+            first.commit_transaction()
+        assert isinstance(info.value, ProducerFencedError)
+        with pytest.raises(FatalError) as again:
+            first.begin_transaction()
+        assert again.value is info.value
+        first.close()
+
+        with second.transaction():
+            second.produce(topic, b"winner")
+    assert broker.read_committed(topic) == [(None, b"winner")]
+
+
+def _committed_offset(broker, group: str, topic: str) -> int:
+    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
+    try:
+        [tp] = c.committed([TopicPartition(topic, 0)], timeout=10)
+        return int(tp.offset)
+    finally:
+        c.close()
+
+
+def test_offsets_commit_only_with_the_transaction(broker, producer_config):
+    source = broker.create_topic(partitions=1, prefix="src")
+    sink = broker.create_topic(partitions=1, prefix="sink")
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    with TransactionalProducer(producer_config) as p:
+        p.init_transactions()
+        with p.transaction():
+            for i in range(4):
+                p.produce(source, b"in%d" % i)
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap_servers,
+                "group.id": group,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            consumer.assign([TopicPartition(source, 0)])
+            got = []
+            while len(got) < 2:
+                msg = consumer.poll(1.0)
+                if msg is not None and msg.error() is None:
+                    got.append(msg)
+            offsets = [TopicPartition(source, 0, got[-1].offset() + 1)]
+
+            p.begin_transaction()
+            p.produce(sink, b"out")
+            p.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+            p.abort_transaction()
+            assert _committed_offset(broker, group, source) < 0  # nothing committed
+
+            p.begin_transaction()
+            p.produce(sink, b"out")
+            p.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+            p.commit_transaction()
+            assert _committed_offset(broker, group, source) == got[-1].offset() + 1
+        finally:
+            consumer.close()
+    assert broker.read_committed(sink) == [(None, b"out")]
+
+
+def test_oversize_record_is_rejected_and_transaction_recovers(broker, topic, producer_config):
+    with TransactionalProducer({**producer_config, "message.max.bytes": 10_000}) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.produce(topic, b"small")
+        with pytest.raises(ProduceFailedException) as info:
+            p.produce(topic, b"x" * 20_000, key=b"big")
+        failure = info.value
+        assert failure.failure_type is FailureType.MESSAGE_REJECTED
+        assert failure.kafka_error.code() == KafkaError.MSG_SIZE_TOO_LARGE
+        assert (failure.topic, failure.key) == (topic, b"big")
+
+        with pytest.raises(CommitFailedException) as commit:
+            p.commit_transaction()
+        assert commit.value.__cause__ is failure
+        p.abort_transaction()
+
+        with p.transaction():
+            p.produce(topic, b"next")
+    assert broker.read_committed(topic) == [(None, b"next")]
+
+
+def test_illegal_calls_name_the_fix(producer_config, topic):
+    p = TransactionalProducer(producer_config)
+    with pytest.raises(IllegalStateError, match="init_transactions"):
+        p.begin_transaction()
+    p.init_transactions()
+    with pytest.raises(IllegalStateError, match="begin_transaction"):
+        p.produce(topic, b"v")
+    with pytest.raises(IllegalStateError, match="already called"):
+        p.init_transactions()
+    p.begin_transaction()
+    with pytest.raises(IllegalStateError, match="already open"):
+        p.begin_transaction()
+    p.abort_transaction()
+    with pytest.raises(IllegalStateError, match="no transaction"):
+        p.commit_transaction()
+    p.close()
+    p.close()  # idempotent
+    with pytest.raises(IllegalStateError, match="after close"):
+        p.produce(topic, b"v")
+
+
+def test_callback_exception_surfaces_from_flush_not_systemerror(producer_config, topic):
+    class BoomError(Exception):
+        pass
+
+    def cb(err, msg):
+        raise BoomError("user callback failed")
+
+    with TransactionalProducer(producer_config) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.produce(topic, b"v", on_delivery=cb)
+        with pytest.raises(BoomError):
+            p.flush()
+        p.commit_transaction()  # the record itself was delivered
+
+
+def test_delivered_records_leave_no_python_objects(producer_config, topic):
+    with TransactionalProducer(producer_config) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        gc.collect()
+        before = len(gc.get_objects())
+        for _ in range(50_000):
+            p.produce(topic, b"x" * 100)
+        p.flush()
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+        p.commit_transaction()
+    assert grown < 1_000, f"{grown} objects kept for 50,000 delivered records"

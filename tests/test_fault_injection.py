@@ -1,0 +1,140 @@
+"""Error paths on librdkafka's mock cluster: which errors kill the producer, which abort
+the transaction, and which are retried until commit succeeds."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from kafka_txn import (
+    CommitFailedException,
+    ErrorCategory,
+    FailureType,
+    FatalError,
+    IllegalStateError,
+    ProduceFailedException,
+    ProducerFencedError,
+    TransactionalProducer,
+)
+from kafka_txn.testing import ApiKey
+
+pytestmark = pytest.mark.mock
+
+
+def _ready(conf: dict) -> TransactionalProducer:
+    p = TransactionalProducer(conf, operation_timeout=30)
+    p.init_transactions()
+    return p
+
+
+@pytest.mark.parametrize(
+    ("code", "fenced"),
+    [
+        (KafkaError.PRODUCER_FENCED, True),
+        (KafkaError.INVALID_PRODUCER_EPOCH, True),
+        (KafkaError.INVALID_TXN_STATE, False),
+        (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, False),
+    ],
+)
+def test_fatal_end_txn_errors_kill_the_producer(mock_cluster, mock_config, code, fenced):
+    p = _ready(mock_config())
+    p.begin_transaction()
+    p.produce("t", b"v", partition=0)
+    mock_cluster.push_request_errors(ApiKey.END_TXN, code)
+
+    with pytest.raises(FatalError) as info:
+        p.commit_transaction()
+    exc = info.value
+    assert exc.category is ErrorCategory.FATAL
+    assert isinstance(exc, ProducerFencedError) is fenced
+    assert exc.kafka_error.code() in (code, KafkaError._FENCED)
+    assert exc.__cause__ is not None and exc.__cause__.__cause__ is None
+
+    # Every later call raises the same fatal error until close().
+    for call in (p.begin_transaction, p.abort_transaction, p.flush, lambda: p.produce("t", b"x")):
+        with pytest.raises(FatalError) as again:
+            call()
+        assert again.value is exc
+    p.close()
+    with pytest.raises(FatalError):
+        p.begin_transaction()
+
+
+def test_not_enough_replicas_until_retries_run_out(mock_cluster, mock_config):
+    mock_cluster.create_topic("t", partitions=1, replication_factor=3)
+    p = _ready(mock_config(message_send_max_retries=2))
+    p.begin_transaction()
+    mock_cluster.push_request_errors(ApiKey.PRODUCE, *[KafkaError.NOT_ENOUGH_REPLICAS] * 3)
+    future = p.send("t", b"v", key=b"k1", partition=0)
+
+    failure = future.exception(timeout=30)
+    assert isinstance(failure, ProduceFailedException)
+    assert failure.failure_type is FailureType.DELIVERY_FAILED
+    assert failure.kafka_error.code() == KafkaError.NOT_ENOUGH_REPLICAS
+    assert (failure.topic, failure.partition, failure.key) == ("t", 0, b"k1")
+
+    with pytest.raises(CommitFailedException) as info:
+        p.commit_transaction()
+    assert info.value.__cause__ is failure
+    assert info.value.kafka_error.code() == KafkaError.NOT_ENOUGH_REPLICAS
+
+    # Only abort is allowed now; after it the producer is usable again.
+    with pytest.raises(IllegalStateError):
+        p.begin_transaction()
+    p.abort_transaction()
+    # The failed record left a sequence gap that librdkafka discovers on the next
+    # Produce and mends with an epoch bump (KIP-360): the next transaction may fail once
+    # more, abortably, and the one after commits.
+    for attempt in range(2):
+        try:
+            with p.transaction():
+                p.produce("t", b"next", partition=0)
+            break
+        except CommitFailedException as exc:
+            assert attempt == 0
+            assert exc.kafka_error.code() == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert p.state == "ready"
+    p.close()
+
+
+@pytest.mark.parametrize(
+    "codes",
+    [
+        [KafkaError.COORDINATOR_NOT_AVAILABLE] * 3,
+        [KafkaError.CONCURRENT_TRANSACTIONS] * 3,
+        [KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.CONCURRENT_TRANSACTIONS],
+    ],
+)
+def test_retriable_end_txn_errors_commit_after_retries(mock_cluster, mock_config, codes):
+    p = _ready(mock_config())
+    p.begin_transaction()
+    future = p.send("t", b"v", partition=0)
+    mock_cluster.push_request_errors(ApiKey.END_TXN, *codes)
+    p.commit_transaction()
+    assert future.result(timeout=1).value() == b"v"
+    assert p.state == "ready"
+    p.close()
+
+
+def test_abort_purges_queued_records_as_transaction_failed(mock_cluster, mock_config):
+    mock_cluster.set_broker_down(1)
+    mock_cluster.set_broker_down(2)
+    mock_cluster.set_broker_down(3)
+    p = TransactionalProducer(mock_config(), operation_timeout=5)
+    mock_cluster.set_broker_down(1, down=False)
+    mock_cluster.set_broker_down(2, down=False)
+    mock_cluster.set_broker_down(3, down=False)
+    p.init_transactions()
+    p.begin_transaction()
+    seen: list = []
+    p.produce("t", b"v", partition=0, on_delivery=lambda err, msg: seen.append(err))
+    p.abort_transaction()
+    p.poll(0)
+    # The record was either delivered before the abort or purged by it.
+    assert len(seen) == 1
+    if seen[0] is not None:
+        assert seen[0].failure_type is FailureType.TRANSACTION_FAILED
+    # Nothing of the aborted transaction counts against the next one.
+    with p.transaction():
+        p.produce("t", b"w", partition=0)
+    p.close()

@@ -11,26 +11,40 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import ProduceFailedException
 
 if TYPE_CHECKING:
-    from confluent_kafka import Message
+    from confluent_kafka import KafkaError, Message
 
 __all__ = ["DeliveryFuture"]
 
 _PENDING = object()
 
 
+class _Owner(Protocol):
+    """What a future needs of its producer."""
+
+    _user_on_delivery: Callable[..., None] | None
+
+    def poll(self, timeout: float = 0) -> int: ...
+
+    def _stash_callback_error(self, exc: BaseException) -> None: ...
+
+    def _on_delivery(
+        self, err: KafkaError | None, msg: Message
+    ) -> ProduceFailedException | None: ...
+
+
 class DeliveryFuture:
     """The delivery outcome of one record: its ``Message`` or a
     ``ProduceFailedException``."""
 
-    __slots__ = ("_callbacks", "_error", "_message", "_poll")
+    __slots__ = ("_callbacks", "_error", "_message", "_owner")
 
-    def __init__(self, poll: Callable[[float], object]) -> None:
-        self._poll = poll
+    def __init__(self, owner: _Owner) -> None:
+        self._owner: _Owner | None = owner
         self._message: object = _PENDING
         self._error: ProduceFailedException | None = None
         self._callbacks: list[Callable[[DeliveryFuture], None]] | None = None
@@ -69,17 +83,28 @@ class DeliveryFuture:
             step = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
             if step <= 0:
                 raise TimeoutError("no delivery report yet; call flush() or wait longer")
-            self._poll(step)
+            owner = self._owner
+            if owner is None:  # pragma: no cover - resolved meanwhile by another thread
+                return
+            owner.poll(step)
 
-    def _resolve(self, error: ProduceFailedException | None, message: Message) -> None:
-        if error is None:
-            self._message = message
-        else:
-            self._error = error
-        self._poll = _closed_poll  # drop the producer reference once resolved
-        callbacks, self._callbacks = self._callbacks, None
-        for fn in callbacks or ():
-            fn(self)
+    def _deliver(self, err: KafkaError | None, msg: Message) -> None:
+        """librdkafka's delivery report for this record (the per-message callback)."""
+        owner, self._owner = self._owner, None  # keep nothing of the producer once resolved
+        if err is None:
+            self._message = msg
+            if owner is not None and owner._user_on_delivery is not None:
+                owner._on_delivery(None, msg)
+        elif owner is not None:
+            self._error = owner._on_delivery(err, msg)
+        if self._callbacks is not None:
+            callbacks, self._callbacks = self._callbacks, None
+            for fn in callbacks:
+                try:
+                    fn(self)
+                except BaseException as exc:  # raised later, outside librdkafka's stack
+                    if owner is not None:
+                        owner._stash_callback_error(exc)
 
     def __repr__(self) -> str:
         if not self.done():
@@ -89,7 +114,3 @@ class DeliveryFuture:
         else:
             state = "delivered"
         return f"<DeliveryFuture {state}>"
-
-
-def _closed_poll(_timeout: float) -> object:
-    return 0

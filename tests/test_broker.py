@@ -197,3 +197,33 @@ def test_delivered_records_leave_no_python_objects(producer_config, topic):
         grown = len(gc.get_objects()) - before
         p.commit_transaction()
     assert grown < 1_000, f"{grown} objects kept for 50,000 delivered records"
+
+
+def test_record_fields_reach_the_broker_and_futures_resolve(broker, topic, producer_config):
+    headers = [("h", b"1")]
+    with TransactionalProducer(producer_config) as p:
+        p.init_transactions()
+        with p.transaction():
+            f = p.send(
+                topic,
+                b"value",
+                key=b"key",
+                partition=1,
+                timestamp=1_700_000_000_000,
+                headers=headers,
+            )
+            called = []
+            f.add_done_callback(called.append)
+            p.produce(
+                topic,
+                "text",
+                key="k2",
+                partition=2,
+                on_delivery=lambda err, msg: called.append((err, msg.partition())),
+            )
+        msg = f.result(timeout=5)
+        assert f.done() and f.exception() is None and called[0] is f
+        assert (msg.partition(), msg.key(), msg.value()) == (1, b"key", b"value")
+        assert msg.timestamp()[1] == 1_700_000_000_000
+        assert called[1] == (None, 2)
+    assert sorted(broker.read_committed(topic)) == [(b"k2", b"text"), (b"key", b"value")]

@@ -1,0 +1,174 @@
+"""Exactly-once consume-process-produce: the KIP-691 template in Python.
+
+Scenario: read records from --input-topic, transform each one, write the results to
+--output-topic, and commit the consumed offsets in the same transaction, so every input
+record is reflected in the output exactly once, whatever fails.
+
+The loop has two phases (KIP-691):
+  1. transmission: begin, process, produce, send the consumer's offsets. Any exception
+     here only means "do not commit".
+  2. commit: commit, or abort. CommitFailedException (and any abortable error) means:
+     rewind the consumer to its last committed offsets and abort; the records are read
+     and processed again in the next transaction.
+A FatalError (fenced, not authorized, ...) ends the loop: both clients are closed and the
+error is re-raised. --fail-once-at N injects one processing failure at the N-th record to
+show the abort path.
+
+Assumes: the topics exist; the broker supports transactions (Kafka >= 2.5 for
+consumer-group fencing via send_offsets_to_transaction's group metadata).
+
+    python examples/consume_process_produce.py --bootstrap-servers 127.0.0.1:9092 \\
+        --input-topic in --output-topic out --group demo --transactional-id demo-0
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+
+from kafka_txn import FatalError, KafkaTxnError, TransactionalProducer
+
+log = logging.getLogger("consume_process_produce")
+
+
+class InjectedFailure(Exception):
+    """The failure --fail-once-at injects into processing."""
+
+
+def process(msg: Message) -> bytes:
+    """The business logic: here, upper-case the value."""
+    return (msg.value() or b"").upper()
+
+
+def reset_to_last_committed(consumer: Consumer) -> None:
+    """Seek every assigned partition back to the group's committed offset, so that the
+    records of an aborted transaction are read again."""
+    assignment = consumer.assignment()
+    for tp in consumer.committed(assignment, timeout=30):
+        offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+        consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+
+def next_offsets(batch: Sequence[Message]) -> list[TopicPartition]:
+    """The offsets to commit for a batch: one past the last record of each partition."""
+    last: dict[tuple[str, int], int] = {}
+    for msg in batch:
+        last[(msg.topic(), msg.partition())] = msg.offset()
+    return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the loop until --idle-timeout passes with no input; return records written."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap_servers,
+            "group.id": args.group,
+            # Never read records of aborted or open transactions.
+            "isolation.level": "read_committed",
+            # Offsets are committed only through the producer's transaction.
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    producer = TransactionalProducer(
+        {
+            "bootstrap.servers": args.bootstrap_servers,
+            # Stable across restarts of this instance: a restarted instance fences its
+            # zombie predecessor and aborts what it left open.
+            "transactional.id": args.transactional_id,
+            # Must exceed the longest transaction; the broker aborts older ones.
+            "transaction.timeout.ms": 60_000,
+        }
+    )
+    fail_at = args.fail_once_at
+    written = 0
+    seen = 0
+    try:
+        producer.init_transactions()
+        consumer.subscribe([args.input_topic])
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < args.idle_timeout:
+            batch = consumer.consume(num_messages=args.batch_size, timeout=0.5)
+            batch = [m for m in batch if m.error() is None]
+            if not batch:
+                continue
+            idle_since = time.monotonic()
+
+            # Phase 1: transmission. Any exception means: do not commit.
+            try:
+                producer.begin_transaction()
+                for msg in batch:
+                    seen += 1
+                    if fail_at is not None and seen == fail_at:
+                        fail_at = None
+                        raise InjectedFailure(f"injected failure at record {seen}")
+                    producer.produce(args.output_topic, process(msg), key=msg.key())
+                producer.send_offsets_to_transaction(
+                    next_offsets(batch), consumer.consumer_group_metadata()
+                )
+                should_commit = True
+            except FatalError:
+                raise
+            except (KafkaTxnError, InjectedFailure) as exc:
+                log.warning("transmission failed, aborting: %s", exc)
+                should_commit = False
+
+            # Phase 2: commit or abort.
+            try:
+                if should_commit:
+                    producer.commit_transaction()
+                    written += len(batch)
+                    continue
+                reset_to_last_committed(consumer)
+                producer.abort_transaction()
+            except FatalError:
+                raise
+            except KafkaTxnError as exc:  # CommitFailedException or another abortable error
+                log.warning("commit failed, aborting: %s", exc)
+                reset_to_last_committed(consumer)
+                producer.abort_transaction()
+        return written
+    except FatalError:
+        # KIP-691: a fatal error ends this producer; close both clients and stop.
+        log.exception("fatal error: closing the producer and the consumer")
+        raise
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--input-topic", required=True)
+    parser.add_argument("--output-topic", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--transactional-id", required=True)
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument(
+        "--idle-timeout", type=float, default=5.0, help="stop after this many seconds without input"
+    )
+    parser.add_argument(
+        "--fail-once-at",
+        type=int,
+        default=None,
+        help="inject one processing failure at the N-th record read",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    written = run(args)
+    print(f"wrote {written} records exactly once to {args.output_topic}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,12 +23,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Producer
 
-from kafka_txn import TransactionalProducer  # noqa: E402
-from tests.rig import Broker, start_broker  # noqa: E402
+from kafka_txn import TransactionalProducer
+from tests.rig import Broker, start_broker
 
 VALUE = b"x" * 100
+SETTLE_S = 1.0
+"""Pause after each run: the broker is still digesting the last run's records, which
+would otherwise slow down whichever run comes next."""
 
 
 def _raw(conf: dict[str, object], topic: str, total: int, per_txn: int) -> float:
@@ -46,6 +49,7 @@ def _raw(conf: dict[str, object], topic: str, total: int, per_txn: int) -> float
         p.commit_transaction()
     elapsed = time.perf_counter() - start
     p.flush()
+    p.close()
     return total / elapsed
 
 
@@ -93,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     broker = start_broker()
     try:
         print(f"broker: {broker.description}")
-        topic = broker.create_topic(partitions=3, prefix="bench")
 
         def conf() -> dict[str, object]:
             return {
@@ -102,17 +105,25 @@ def main(argv: list[str] | None = None) -> int:
             }
 
         big, small = int(200_000 * args.scale), int(20_000 * args.scale)
+
+        def fresh() -> str:  # a new topic per run: a growing log must not favour any run
+            return broker.create_topic(partitions=3, prefix="bench")
+
         scenarios: dict[str, Callable[[], float]] = {
-            "raw 1000/txn": lambda: _raw(conf(), topic, big, 1000),
-            "produce 1000/txn": lambda: _ours(conf(), topic, big, 1000, futures=False),
-            "send 1000/txn": lambda: _ours(conf(), topic, big, 1000, futures=True),
-            "raw 10/txn": lambda: _raw(conf(), topic, small, 10),
-            "produce 10/txn": lambda: _ours(conf(), topic, small, 10, futures=False),
+            "raw 1000/txn": lambda: _raw(conf(), fresh(), big, 1000),
+            "produce 1000/txn": lambda: _ours(conf(), fresh(), big, 1000, futures=False),
+            "send 1000/txn": lambda: _ours(conf(), fresh(), big, 1000, futures=True),
+            "raw 10/txn": lambda: _raw(conf(), fresh(), small, 10),
+            "produce 10/txn": lambda: _ours(conf(), fresh(), small, 10, futures=False),
         }
         results: dict[str, list[float]] = {name: [] for name in scenarios}
-        for _ in range(args.repeat):  # interleaved, so drift hits every scenario alike
-            for name, run in scenarios.items():
-                results[name].append(run())
+        names = list(scenarios)
+        for round_no in range(args.repeat):
+            # Interleaved and rotated, so drift and position in a round hit all alike.
+            shift = round_no % len(names)
+            for name in names[shift:] + names[:shift]:
+                results[name].append(scenarios[name]())
+                time.sleep(SETTLE_S)
         med = {name: statistics.median(v) for name, v in results.items()}
 
         print(f"\n{'scenario':<20}{'median rec/s':>14}{'min..max':>22}{'vs raw':>9}{'target':>9}")
@@ -126,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<20}{value:>14,.0f}{spread:>22}{ratio:>9}{goal:>9}")
 
         records = int(1_000_000 * args.scale)
-        held, rate = _memory_check(broker, topic, records)
+        held, rate = _memory_check(broker, broker.create_topic(partitions=3), records)
         print(
             f"\n{records:,}-record transaction: {rate:,.0f} rec/s; "
             f"Python objects held after delivery: {held}"

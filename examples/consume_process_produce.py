@@ -36,7 +36,7 @@ from kafka_txn import FatalError, KafkaTxnError, TransactionalProducer
 log = logging.getLogger("consume_process_produce")
 
 
-class InjectedFailure(Exception):
+class InjectedError(Exception):
     """The failure --fail-once-at injects into processing."""
 
 
@@ -62,9 +62,8 @@ def next_offsets(batch: Sequence[Message]) -> list[TopicPartition]:
     return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the loop until --idle-timeout passes with no input; return records written."""
-    consumer = Consumer(
+def make_consumer(args: argparse.Namespace) -> Consumer:
+    return Consumer(
         {
             "bootstrap.servers": args.bootstrap_servers,
             "group.id": args.group,
@@ -75,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
             "auto.offset.reset": "earliest",
         }
     )
-    producer = TransactionalProducer(
+
+
+def make_producer(args: argparse.Namespace) -> TransactionalProducer:
+    return TransactionalProducer(
         {
             "bootstrap.servers": args.bootstrap_servers,
             # Stable across restarts of this instance: a restarted instance fences its
@@ -85,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
             "transaction.timeout.ms": 60_000,
         }
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the loop until --idle-timeout passes with no input; return records written."""
+    consumer = make_consumer(args)
+    producer = make_producer(args)
     fail_at = args.fail_once_at
     written = 0
     seen = 0
@@ -106,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                     seen += 1
                     if fail_at is not None and seen == fail_at:
                         fail_at = None
-                        raise InjectedFailure(f"injected failure at record {seen}")
+                        raise InjectedError(f"injected failure at record {seen}")
                     producer.produce(args.output_topic, process(msg), key=msg.key())
                 producer.send_offsets_to_transaction(
                     next_offsets(batch), consumer.consumer_group_metadata()
@@ -114,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                 should_commit = True
             except FatalError:
                 raise
-            except (KafkaTxnError, InjectedFailure) as exc:
+            except (KafkaTxnError, InjectedError) as exc:
                 log.warning("transmission failed, aborting: %s", exc)
                 should_commit = False
 

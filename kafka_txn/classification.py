@@ -94,7 +94,7 @@ _ROWS: Final[tuple[tuple[str, ErrorCategory, FailureType, str], ...]] = (
     ("_ASSIGN_PARTITIONS", R, DEL, "consumer rebalance event, not an error"),
     ("_REVOKE_PARTITIONS", R, DEL, "consumer rebalance event, not an error"),
     ("_CONFLICT", F, TXN, "conflicting transactional API call in progress"),
-    ("_STATE", F, TXN, "call not allowed in the transaction's state"),
+    ("_STATE", A, TXN, "librdkafka refused the call in its transaction state (e.g. failed)"),
     ("_UNKNOWN_PROTOCOL", F, DEL, "unknown protocol"),
     ("_NOT_IMPLEMENTED", F, DEL, "not implemented by librdkafka"),
     ("_AUTHENTICATION", F, DEL, "authentication failed"),

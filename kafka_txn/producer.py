@@ -214,10 +214,14 @@ class TransactionalProducer:
             key, value = self._serialize(topic, key, value, headers)
         cb = None if on_delivery is None else self._chain(on_delivery)
         try:
-            # Positional on purpose: keyword parsing costs confluent-kafka ~0.3 µs a call.
+            # Positional on purpose, and no more arguments than needed: confluent-kafka's
+            # argument parsing costs ~0.3 µs with keywords, ~0.1 µs for the last four.
             # Order: topic, value, key, partition, callback, on_delivery, timestamp, headers;
             # a None callback means the default one (self._reports.setdefault).
-            self._produce(topic, value, key, partition, cb, None, timestamp, headers)
+            if cb is None and timestamp == 0 and headers is None:
+                self._produce(topic, value, key, partition)
+            else:
+                self._produce(topic, value, key, partition, cb, None, timestamp, headers)
         except Exception as exc:
             self._produce_failed(exc, topic, value, key, partition, cb, timestamp, headers)
 
@@ -648,7 +652,13 @@ class TransactionalProducer:
         err = exc.args[0]
         if classify(err)[0] is ErrorCategory.FATAL or err.code() == KafkaError._FATAL:
             return self._on_call_error(exc, "produce")
+        if err.code() == KafkaError._STATE:
+            # librdkafka's transaction already failed, most likely through a delivery
+            # report not served yet: serve it, so that the real cause is recorded first.
+            self._drain()
         failure = produce_failure(err, topic, partition, key)
+        if err.code() == KafkaError._STATE and self._first_failure is not None:
+            failure.message += f"; the transaction already failed: {self._first_failure}"
         # The record never entered librdkafka, so librdkafka would commit without it:
         # remember it so that commit_transaction() refuses (KIP-691).
         self._record_failure(failure)

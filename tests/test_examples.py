@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from pathlib import Path

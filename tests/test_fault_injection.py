@@ -3,6 +3,8 @@ the transaction, and which are retried until commit succeeds."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka import KafkaError
 
@@ -137,4 +139,29 @@ def test_abort_purges_queued_records_as_transaction_failed(mock_cluster, mock_co
     # Nothing of the aborted transaction counts against the next one.
     with p.transaction():
         p.produce("t", b"w", partition=0)
+    p.close()
+
+
+def test_produce_after_an_unseen_record_failure_is_abortable_not_fatal(mock_cluster, mock_config):
+    """librdkafka refuses produce() with _STATE once a record failed in the background;
+    that is the transaction failing, not the producer dying."""
+    mock_cluster.create_topic("t", partitions=1, replication_factor=3)
+    p = _ready(mock_config(message_send_max_retries=1))
+    p.begin_transaction()
+    mock_cluster.push_request_errors(ApiKey.PRODUCE, *[KafkaError.NOT_ENOUGH_REPLICAS] * 2)
+    p.produce("t", b"fails", partition=0)
+    # Wait for librdkafka to fail the record, without serving the report.
+    deadline = time.monotonic() + 10
+    raised = None
+    while raised is None and time.monotonic() < deadline:
+        try:
+            p.produce("t", b"next", partition=0)
+            time.sleep(0.05)
+        except ProduceFailedException as exc:
+            raised = exc
+    assert raised is not None and raised.category is ErrorCategory.ABORTABLE
+    with pytest.raises(CommitFailedException) as info:
+        p.commit_transaction()
+    assert info.value.kafka_error.code() == KafkaError.NOT_ENOUGH_REPLICAS
+    p.abort_transaction()
     p.close()

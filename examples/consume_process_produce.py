@@ -89,57 +89,84 @@ def make_producer(args: argparse.Namespace) -> TransactionalProducer:
     )
 
 
+class FailureInjector:
+    """Raises InjectedError once, at the N-th record processed (None: never)."""
+
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+        self.seen = 0
+
+    def check(self) -> None:
+        self.seen += 1
+        if self.at is not None and self.seen == self.at:
+            self.at = None
+            raise InjectedError(f"injected failure at record {self.seen}")
+
+
+def transmit(
+    producer: TransactionalProducer,
+    consumer: Consumer,
+    batch: Sequence[Message],
+    output_topic: str,
+    injector: FailureInjector,
+) -> bool:
+    """Phase 1: begin, process, produce, add the offsets. True if the batch may commit;
+    any failure here (but a fatal one) only means: do not commit."""
+    try:
+        producer.begin_transaction()
+        for msg in batch:
+            injector.check()
+            producer.produce(output_topic, process(msg), key=msg.key())
+        producer.send_offsets_to_transaction(
+            next_offsets(batch), consumer.consumer_group_metadata()
+        )
+        return True
+    except FatalError:
+        raise
+    except (KafkaTxnError, InjectedError) as exc:
+        log.warning("transmission failed, aborting: %s", exc)
+        return False
+
+
+def commit_or_abort(
+    producer: TransactionalProducer, consumer: Consumer, should_commit: bool
+) -> bool:
+    """Phase 2: commit, or rewind and abort. True if the transaction committed."""
+    try:
+        if should_commit:
+            producer.commit_transaction()
+            return True
+    except FatalError:
+        raise
+    except KafkaTxnError as exc:  # CommitFailedException or another abortable error
+        log.warning("commit failed, aborting: %s", exc)
+    reset_to_last_committed(consumer)
+    producer.abort_transaction()
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the loop until --idle-timeout passes with no input; return records written."""
     consumer = make_consumer(args)
     producer = make_producer(args)
-    fail_at = args.fail_once_at
+    injector = FailureInjector(args.fail_once_at)
     written = 0
-    seen = 0
     try:
         producer.init_transactions()
         consumer.subscribe([args.input_topic])
         idle_since = time.monotonic()
         while time.monotonic() - idle_since < args.idle_timeout:
-            batch = consumer.consume(num_messages=args.batch_size, timeout=0.5)
-            batch = [m for m in batch if m.error() is None]
+            batch = [
+                m
+                for m in consumer.consume(num_messages=args.batch_size, timeout=0.5)
+                if m.error() is None
+            ]
             if not batch:
                 continue
             idle_since = time.monotonic()
-
-            # Phase 1: transmission. Any exception means: do not commit.
-            try:
-                producer.begin_transaction()
-                for msg in batch:
-                    seen += 1
-                    if fail_at is not None and seen == fail_at:
-                        fail_at = None
-                        raise InjectedError(f"injected failure at record {seen}")
-                    producer.produce(args.output_topic, process(msg), key=msg.key())
-                producer.send_offsets_to_transaction(
-                    next_offsets(batch), consumer.consumer_group_metadata()
-                )
-                should_commit = True
-            except FatalError:
-                raise
-            except (KafkaTxnError, InjectedError) as exc:
-                log.warning("transmission failed, aborting: %s", exc)
-                should_commit = False
-
-            # Phase 2: commit or abort.
-            try:
-                if should_commit:
-                    producer.commit_transaction()
-                    written += len(batch)
-                    continue
-                reset_to_last_committed(consumer)
-                producer.abort_transaction()
-            except FatalError:
-                raise
-            except KafkaTxnError as exc:  # CommitFailedException or another abortable error
-                log.warning("commit failed, aborting: %s", exc)
-                reset_to_last_committed(consumer)
-                producer.abort_transaction()
+            should_commit = transmit(producer, consumer, batch, args.output_topic, injector)
+            if commit_or_abort(producer, consumer, should_commit):
+                written += len(batch)
         return written
     except FatalError:
         # KIP-691: a fatal error ends this producer; close both clients and stop.

@@ -2,9 +2,13 @@
 
 confluent-kafka serves delivery reports only inside ``poll()``/``flush()``, on the calling
 thread, so a future that merely waited would wait forever in a single-threaded program.
-``result()`` therefore drives the producer's ``poll()`` until the report arrives. The class
-is deliberately lighter than ``concurrent.futures.Future`` (which builds a lock and a
-condition per instance, about 1.5 µs): send() must stay close to produce() in cost.
+``result()`` therefore drives the producer's ``poll()`` until the report arrives.
+
+The class is built for the hot path: ``concurrent.futures.Future`` builds a lock and a
+condition per instance (about 1.5 µs); this one has three slots, is itself the delivery
+callback, and ``send()`` fills its slots inline rather than paying for an ``__init__``
+frame per record. Each pending future is still one object the garbage collector tracks,
+which is most of what ``send()`` costs over ``produce()`` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ if TYPE_CHECKING:
 
 __all__ = ["DeliveryFuture"]
 
-_PENDING = object()
+
+class _Pending:
+    """Marker for an outcome not known yet."""
+
+
+_PENDING = _Pending()
 
 
 class _Owner(Protocol):
@@ -36,35 +45,42 @@ class _Owner(Protocol):
         self, err: KafkaError | None, msg: Message
     ) -> ProduceFailedException | None: ...
 
+    def _failed_report(self, err: KafkaError, msg: Message) -> ProduceFailedException: ...
+
 
 class DeliveryFuture:
     """The delivery outcome of one record: its ``Message`` or a
     ``ProduceFailedException``."""
 
-    __slots__ = ("_callbacks", "_error", "_message", "_owner")
+    __slots__ = ("_callbacks", "_outcome", "_owner")
+
+    _owner: _Owner | None
+    _outcome: Message | ProduceFailedException | _Pending
+    _callbacks: list[Callable[[DeliveryFuture], None]] | None
 
     def __init__(self, owner: _Owner) -> None:
-        self._owner: _Owner | None = owner
-        self._message: object = _PENDING
-        self._error: ProduceFailedException | None = None
-        self._callbacks: list[Callable[[DeliveryFuture], None]] | None = None
+        # send() builds futures inline with the same three stores (see the module
+        # docstring); keep the two in step.
+        self._owner = owner
+        self._outcome = _PENDING
+        self._callbacks = None
 
     def done(self) -> bool:
         """True once the record was delivered or failed."""
-        return self._message is not _PENDING or self._error is not None
+        return self._outcome is not _PENDING
 
     def result(self, timeout: float | None = None) -> Message:
         """The delivered ``Message``; raises the record's ``ProduceFailedException``, or
         ``TimeoutError`` if no report arrived within ``timeout`` seconds."""
-        self._wait(timeout)
-        if self._error is not None:
-            raise self._error
-        return self._message  # type: ignore[return-value]
+        outcome = self._wait(timeout)
+        if isinstance(outcome, ProduceFailedException):
+            raise outcome
+        return outcome
 
     def exception(self, timeout: float | None = None) -> ProduceFailedException | None:
         """The record's failure, or None if it was delivered."""
-        self._wait(timeout)
-        return self._error
+        outcome = self._wait(timeout)
+        return outcome if isinstance(outcome, ProduceFailedException) else None
 
     def add_done_callback(self, fn: Callable[[DeliveryFuture], None]) -> None:
         """Call ``fn(self)`` when the outcome is known (at once if it already is)."""
@@ -75,42 +91,44 @@ class DeliveryFuture:
             self._callbacks = []
         self._callbacks.append(fn)
 
-    def _wait(self, timeout: float | None) -> None:
-        if self.done():
-            return
+    def _wait(self, timeout: float | None) -> Message | ProduceFailedException:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.done():
-            step = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
-            if step <= 0:
-                raise TimeoutError("no delivery report yet; call flush() or wait longer")
+        while True:
+            outcome = self._outcome
+            if not isinstance(outcome, _Pending):
+                return outcome
             owner = self._owner
-            if owner is None:  # pragma: no cover - resolved meanwhile by another thread
-                return
+            step = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if step <= 0 or owner is None:
+                raise TimeoutError("no delivery report yet; call flush() or wait longer")
             owner.poll(step)
 
-    def _deliver(self, err: KafkaError | None, msg: Message) -> None:
-        """librdkafka's delivery report for this record (the per-message callback)."""
-        owner, self._owner = self._owner, None  # keep nothing of the producer once resolved
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        """librdkafka's delivery report for this record. The future is itself the
+        per-message callback: a bound method would be one more object per record."""
+        owner = self._owner
+        self._owner = None  # keep nothing of the producer once resolved
+        if owner is None:  # pragma: no cover - librdkafka reports each record once
+            return
         if err is None:
-            self._message = msg
-            if owner is not None and owner._user_on_delivery is not None:
+            self._outcome = msg
+            if owner._user_on_delivery is not None:
                 owner._on_delivery(None, msg)
-        elif owner is not None:
-            self._error = owner._on_delivery(err, msg)
-        if self._callbacks is not None:
-            callbacks, self._callbacks = self._callbacks, None
+        else:
+            self._outcome = owner._failed_report(err, msg)
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = None
             for fn in callbacks:
                 try:
                     fn(self)
                 except BaseException as exc:  # raised later, outside librdkafka's stack
-                    if owner is not None:
-                        owner._stash_callback_error(exc)
+                    owner._stash_callback_error(exc)
 
     def __repr__(self) -> str:
-        if not self.done():
-            state = "pending"
-        elif self._error is not None:
-            state = f"failed: {self._error.failure_type.name}"
+        outcome = self._outcome
+        if isinstance(outcome, ProduceFailedException):
+            state = f"failed: {outcome.failure_type.name}"
         else:
-            state = "delivered"
+            state = "pending" if isinstance(outcome, _Pending) else "delivered"
         return f"<DeliveryFuture {state}>"

@@ -1,0 +1,35 @@
+# Two entry points, both self-contained on a fresh machine (see README.md):
+#   make run   - set up, then run the main job (the verified exactly-once demo)
+#   make test  - set up, then run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test lint bench docs
+
+setup: $(STAMP)
+
+# Versions are pinned by constraints.txt so that CI and every machine test the same set.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,lint]'
+	touch $(STAMP)
+
+run: setup
+	$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --strict kafka_txn
+
+bench: setup
+	$(PY) bench/producer_bench.py
+
+docs: setup
+	$(PY) -m kafka_txn._docs

@@ -34,9 +34,14 @@ SETTLE_S = 1.0
 would otherwise slow down whichever run comes next."""
 
 
-def _raw(conf: dict[str, object], topic: str, total: int, per_txn: int) -> float:
+Result = tuple[float, float]
+"""(records per second, CPU nanoseconds per record on the producing thread)"""
+
+
+def _raw(conf: dict[str, object], topic: str, total: int, per_txn: int) -> Result:
     p = Producer(conf)
     p.init_transactions()
+    cpu = time.thread_time()
     start = time.perf_counter()
     for _ in range(total // per_txn):
         p.begin_transaction()
@@ -48,15 +53,17 @@ def _raw(conf: dict[str, object], topic: str, total: int, per_txn: int) -> float
                 p.produce(topic, VALUE)
         p.commit_transaction()
     elapsed = time.perf_counter() - start
+    cpu = time.thread_time() - cpu
     p.flush()
     p.close()
-    return total / elapsed
+    return total / elapsed, cpu / total * 1e9
 
 
-def _ours(conf: dict[str, object], topic: str, total: int, per_txn: int, futures: bool) -> float:
+def _ours(conf: dict[str, object], topic: str, total: int, per_txn: int, futures: bool) -> Result:
     p = TransactionalProducer(conf)
     p.init_transactions()
     send = p.send if futures else p.produce
+    cpu = time.thread_time()
     start = time.perf_counter()
     for _ in range(total // per_txn):
         p.begin_transaction()
@@ -64,8 +71,9 @@ def _ours(conf: dict[str, object], topic: str, total: int, per_txn: int, futures
             send(topic, VALUE)
         p.commit_transaction()
     elapsed = time.perf_counter() - start
+    cpu = time.thread_time() - cpu
     p.close()
-    return total / elapsed
+    return total / elapsed, cpu / total * 1e9
 
 
 def _memory_check(broker: Broker, topic: str, records: int) -> tuple[int, float]:
@@ -109,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         def fresh() -> str:  # a new topic per run: a growing log must not favour any run
             return broker.create_topic(partitions=3, prefix="bench")
 
-        scenarios: dict[str, Callable[[], float]] = {
+        scenarios: dict[str, Callable[[], Result]] = {
             "raw 1000/txn": lambda: _raw(conf(), fresh(), big, 1000),
             "produce 1000/txn": lambda: _ours(conf(), fresh(), big, 1000, futures=False),
             "send 1000/txn": lambda: _ours(conf(), fresh(), big, 1000, futures=True),
             "raw 10/txn": lambda: _raw(conf(), fresh(), small, 10),
             "produce 10/txn": lambda: _ours(conf(), fresh(), small, 10, futures=False),
         }
-        results: dict[str, list[float]] = {name: [] for name in scenarios}
+        results: dict[str, list[Result]] = {name: [] for name in scenarios}
         names = list(scenarios)
         for round_no in range(args.repeat):
             # Interleaved and rotated, so drift and position in a round hit all alike.
@@ -124,17 +132,27 @@ def main(argv: list[str] | None = None) -> int:
             for name in names[shift:] + names[:shift]:
                 results[name].append(scenarios[name]())
                 time.sleep(SETTLE_S)
-        med = {name: statistics.median(v) for name, v in results.items()}
+        med = {name: statistics.median(r[0] for r in v) for name, v in results.items()}
+        cpu = {name: statistics.median(r[1] for r in v) for name, v in results.items()}
 
-        print(f"\n{'scenario':<20}{'median rec/s':>14}{'min..max':>22}{'vs raw':>9}{'target':>9}")
+        print(
+            f"\n{'scenario':<18}{'median rec/s':>13}{'min..max':>21}{'vs raw':>8}"
+            f"{'target':>8}{'CPU ns/rec':>12}{'vs raw':>8}"
+        )
         targets = {"produce 1000/txn": 0.95, "send 1000/txn": 0.85, "produce 10/txn": 0.9}
         for name, value in med.items():
-            base = med["raw 1000/txn" if "1000" in name else "raw 10/txn"]
+            base = "raw 1000/txn" if "1000" in name else "raw 10/txn"
             target = targets.get(name)
-            ratio = "" if name.startswith("raw") else f"{value / base:.2f}x"
-            spread = f"{min(results[name]):,.0f}..{max(results[name]):,.0f}"
+            raw = name.startswith("raw")
+            ratio = "" if raw else f"{value / med[base]:.2f}x"
+            cpu_ratio = "" if raw else f"{cpu[name] / cpu[base]:.2f}x"
+            rates = [r[0] for r in results[name]]
+            spread = f"{min(rates):,.0f}..{max(rates):,.0f}"
             goal = "" if target is None else f">={target}"
-            print(f"{name:<20}{value:>14,.0f}{spread:>22}{ratio:>9}{goal:>9}")
+            print(
+                f"{name:<18}{value:>13,.0f}{spread:>21}{ratio:>8}{goal:>8}"
+                f"{cpu[name]:>12,.0f}{cpu_ratio:>8}"
+            )
 
         records = int(1_000_000 * args.scale)
         held, rate = _memory_check(broker, broker.create_topic(partitions=3), records)

@@ -410,7 +410,7 @@ class TransactionalProducer:
             hint = "a transaction is already open: commit or abort it first"
         err = IllegalStateError(f"{operation}() not allowed in state '{state.value}': {hint}")
         if state is _State.ABORTABLE and self._abortable is not None:
-            raise err from self._abortable
+            raise err from self._root_exception(self._abortable)
         raise err
 
     def _raise_if_dead(self, operation: str) -> None:
@@ -435,17 +435,27 @@ class TransactionalProducer:
         (tenacity), translating everything else through the error table."""
         budget = self._operation_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(_is_retriable),
-            stop=tenacity.stop_after_delay(budget),
-            wait=_WAIT,
-            sleep=self._sleep,
-            reraise=True,
-        )
+
+        def attempt() -> None:
+            self._call(operation, call, max(0.001, deadline - time.monotonic()))
+
         try:
-            for attempt in retrying:
-                with attempt:
-                    self._call(operation, call, max(0.001, deadline - time.monotonic()))
+            try:
+                attempt()  # the common case, without the retry machinery's cost
+            except KafkaException as first:
+                if not _is_retriable(first):
+                    raise
+                log.info("%s: %s; retrying until %gs pass", operation, first.args[0], budget)
+                retrying = tenacity.Retrying(
+                    retry=tenacity.retry_if_exception(_is_retriable),
+                    stop=tenacity.stop_after_delay(max(0.0, deadline - time.monotonic())),
+                    wait=_WAIT,
+                    sleep=self._sleep,
+                    reraise=True,
+                )
+                for try_ in retrying:
+                    with try_:
+                        attempt()
         except KafkaException as exc:
             if isinstance(exc, KafkaTxnError):
                 raise

@@ -60,10 +60,13 @@ class Broker:
         raise RuntimeError(f"topic {name} did not appear in metadata")
 
     def read_committed(
-        self, topic: str, expected: int | None = None, timeout: float = 15.0
+        self, topic: str, expected: int, timeout: float = 20.0, linger: float = 1.0
     ) -> list[tuple[bytes | None, bytes | None]]:
-        """Every (key, value) a read_committed consumer sees in ``topic``: waits for
-        ``expected`` records, or until the end of every partition when None."""
+        """Every (key, value) a read_committed consumer sees in ``topic``: waits up to
+        ``timeout`` for ``expected`` records, then ``linger`` seconds more so that a
+        duplicate or a record that should be invisible is caught. (Reaching the end of
+        the partitions proves nothing: commit markers are written after
+        commit_transaction() returns, and until then the records stay invisible.)"""
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap_servers,
@@ -71,41 +74,30 @@ class Broker:
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
-                "enable.partition.eof": True,
             }
         )
         try:
-            md = consumer.list_topics(topic, timeout=10)
-            partitions = set(md.topics[topic].partitions)
             consumer.subscribe([topic])
             seen: list[tuple[bytes | None, bytes | None]] = []
-            at_eof: set[int] = set()
             deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                msg = consumer.poll(0.2)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is not None:
-                    if err.code() == err._PARTITION_EOF:
-                        at_eof.add(msg.partition())
-                        if expected is None and at_eof >= partitions:
-                            return seen
-                        continue
-                    raise KafkaException(err)
-                at_eof.discard(msg.partition())
-                seen.append((msg.key(), msg.value()))
-                if expected is not None and len(seen) >= expected:
-                    # Linger briefly: anything beyond `expected` is a duplicate to catch.
-                    extra_deadline = time.monotonic() + 1.0
-                    while time.monotonic() < extra_deadline:
-                        more = consumer.poll(0.2)
-                        if more is not None and more.error() is None:
-                            seen.append((more.key(), more.value()))
-                    return seen
+            while time.monotonic() < deadline and len(seen) < expected:
+                self._poll_into(consumer, seen)
+            until = time.monotonic() + linger
+            while time.monotonic() < until:
+                self._poll_into(consumer, seen)
             return seen
         finally:
             consumer.close()
+
+    @staticmethod
+    def _poll_into(consumer: Consumer, seen: list[tuple[bytes | None, bytes | None]]) -> None:
+        msg = consumer.poll(0.2)
+        if msg is None:
+            return
+        err = msg.error()
+        if err is not None:
+            raise KafkaException(err)
+        seen.append((msg.key(), msg.value()))
 
 
 def _free_port() -> int:

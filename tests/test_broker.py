@@ -33,7 +33,7 @@ def test_committed_visible_and_aborted_invisible(broker, topic, producer_config)
         p.abort_transaction()
         with p.transaction():
             p.send(topic, b"after-abort")
-    seen = sorted(v for _, v in broker.read_committed(topic))
+    seen = sorted(v for _, v in broker.read_committed(topic, expected=6))
     assert seen == [b"after-abort", b"c0", b"c1", b"c2", b"c3", b"c4"]
 
 
@@ -47,7 +47,7 @@ def test_exception_in_transaction_block_aborts(broker, topic, producer_config):
         assert p.state == "ready"
         with p.transaction():
             p.produce(topic, b"kept")
-    assert broker.read_committed(topic) == [(None, b"kept")]
+    assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
 def test_second_producer_fences_the_first(broker, topic, producer_config):
@@ -69,7 +69,7 @@ def test_second_producer_fences_the_first(broker, topic, producer_config):
 
         with second.transaction():
             second.produce(topic, b"winner")
-    assert broker.read_committed(topic) == [(None, b"winner")]
+    assert broker.read_committed(topic, expected=1) == [(None, b"winner")]
 
 
 def _committed_offset(broker, group: str, topic: str) -> int:
@@ -122,7 +122,7 @@ def test_offsets_commit_only_with_the_transaction(broker, producer_config):
             assert _committed_offset(broker, group, source) == got[-1].offset() + 1
         finally:
             consumer.close()
-    assert broker.read_committed(sink) == [(None, b"out")]
+    assert broker.read_committed(sink, expected=1) == [(None, b"out")]
 
 
 def test_oversize_record_is_rejected_and_transaction_recovers(broker, topic, producer_config):
@@ -144,7 +144,7 @@ def test_oversize_record_is_rejected_and_transaction_recovers(broker, topic, pro
 
         with p.transaction():
             p.produce(topic, b"next")
-    assert broker.read_committed(topic) == [(None, b"next")]
+    assert broker.read_committed(topic, expected=1) == [(None, b"next")]
 
 
 def test_illegal_calls_name_the_fix(producer_config, topic):
@@ -226,4 +226,4 @@ def test_record_fields_reach_the_broker_and_futures_resolve(broker, topic, produ
         assert (msg.partition(), msg.key(), msg.value()) == (1, b"key", b"value")
         assert msg.timestamp()[1] == 1_700_000_000_000
         assert called[1] == (None, 2)
-    assert sorted(broker.read_committed(topic)) == [(b"k2", b"text"), (b"key", b"value")]
+    assert sorted(broker.read_committed(topic, expected=2)) == [(b"k2", b"text"), (b"key", b"value")]

@@ -70,7 +70,7 @@ def test_serializers_are_applied_and_their_failures_reject_the_record(
             p.produce(topic, "bad")
         assert info.value.failure_type is FailureType.MESSAGE_REJECTED
         p.abort_transaction()
-    assert broker.read_committed(topic) == [(None, b"{'a': 1}")]
+    assert broker.read_committed(topic, expected=1) == [(None, b"{'a': 1}")]
 
 
 def test_settings_model_builds_the_same_dict():

@@ -226,4 +226,7 @@ def test_record_fields_reach_the_broker_and_futures_resolve(broker, topic, produ
         assert (msg.partition(), msg.key(), msg.value()) == (1, b"key", b"value")
         assert msg.timestamp()[1] == 1_700_000_000_000
         assert called[1] == (None, 2)
-    assert sorted(broker.read_committed(topic, expected=2)) == [(b"k2", b"text"), (b"key", b"value")]
+    assert sorted(broker.read_committed(topic, expected=2)) == [
+        (b"k2", b"text"),
+        (b"key", b"value"),
+    ]

@@ -15,14 +15,19 @@ from .errors import (
     FailureType,
     FatalError,
     IllegalStateError,
+    InvalidPreparedStateError,
     KafkaTxnError,
     ProduceFailedException,
     ProducerFencedError,
     TransactionAbortableError,
+    TransactionDivergedError,
     TransactionOutcomeUnknownError,
+    UnsupportedBrokerError,
 )
 from .futures import DeliveryFuture
 from .producer import DeliveryCallback, Serializer, TransactionalProducer
+from .recovery import TransactionOutcome
+from .state import PreparedTxnState
 
 __version__ = "0.1.0"
 
@@ -37,14 +42,19 @@ __all__ = [
     "FailureType",
     "FatalError",
     "IllegalStateError",
+    "InvalidPreparedStateError",
     "KafkaTxnError",
+    "PreparedTxnState",
     "ProduceFailedException",
     "ProducerFencedError",
     "ProducerSettings",
     "Serializer",
     "TransactionAbortableError",
+    "TransactionDivergedError",
+    "TransactionOutcome",
     "TransactionOutcomeUnknownError",
     "TransactionalProducer",
+    "UnsupportedBrokerError",
     "__version__",
     "classify",
 ]

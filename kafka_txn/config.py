@@ -22,6 +22,10 @@ __all__ = ["ProducerSettings", "ValidatedConfig", "validate_config"]
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 """librdkafka's default transaction.timeout.ms."""
 
+TWO_PHASE_COMMIT_KEY = "transaction.two.phase.commit.enable"
+"""KIP-939's producer setting. kafka-txn reads it (librdkafka does not know it) and turns
+on prepare_transaction(), init_transactions(keep_prepared_txn=True) and recovery."""
+
 _CALLBACK_KEYS = ("on_delivery", "error_cb", "stats_cb")
 
 # librdkafka reports a bad value under a property's canonical name; users often set the
@@ -62,6 +66,8 @@ class ProducerSettings(BaseModel):
     transaction_timeout_ms: int = Field(
         DEFAULT_TRANSACTION_TIMEOUT_MS, alias="transaction.timeout.ms", ge=1000
     )
+    two_phase_commit: bool = Field(False, alias="transaction.two.phase.commit.enable")
+    """KIP-939's client setting: allow prepare_transaction() and recovery."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("extra")
@@ -78,6 +84,8 @@ class ProducerSettings(BaseModel):
         conf["bootstrap.servers"] = self.bootstrap_servers
         conf["transactional.id"] = self.transactional_id
         conf["transaction.timeout.ms"] = self.transaction_timeout_ms
+        if self.two_phase_commit:
+            conf[TWO_PHASE_COMMIT_KEY] = True
         return conf
 
 
@@ -90,6 +98,7 @@ class ValidatedConfig:
     transactional_id: str
     transaction_timeout_ms: int
     callbacks: Mapping[str, Callable[..., Any]]
+    two_phase_commit: bool = False
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -163,5 +172,6 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
             if not callable(cb):
                 raise ConfigurationError(f"{key} must be callable, got {type(cb).__name__}")
             callbacks[key] = cb
+    two_phase = _as_bool(TWO_PHASE_COMMIT_KEY, conf.pop(TWO_PHASE_COMMIT_KEY, False))
     conf["enable.idempotence"] = True
-    return ValidatedConfig(conf, txn_id, timeout_ms, callbacks)
+    return ValidatedConfig(conf, txn_id, timeout_ms, callbacks, two_phase)

@@ -13,8 +13,13 @@ for confluent-kafka's own exceptions::
           ├── ProduceFailedException    one record failed; .failure_type says how
           ├── TransactionOutcomeUnknownError
           │                             commit/abort ran out of time; the outcome is unknown
+          ├── TransactionDivergedError  recovery: Kafka no longer holds what the database
+          │                             committed (expired, fenced, aborted)
+          ├── UnsupportedBrokerError    the broker lacks an API two-phase commit needs
           ├── IllegalStateError         API misuse: wrong call for the producer's state
-          └── ConfigurationError        bad settings (also a ValueError)
+          ├── ConfigurationError        bad settings (also a ValueError)
+          └── InvalidPreparedStateError a stored PreparedTxnState that is malformed or
+                                        belongs elsewhere (also a ValueError)
 
 Wrapping rule (KIP-691 "wrap at most once"): every exception carries the root
 ``KafkaError`` as ``.kafka_error`` and ``args[0]``. Its ``__cause__`` is the single
@@ -40,11 +45,14 @@ __all__ = [
     "FailureType",
     "FatalError",
     "IllegalStateError",
+    "InvalidPreparedStateError",
     "KafkaTxnError",
     "ProduceFailedException",
     "ProducerFencedError",
     "TransactionAbortableError",
+    "TransactionDivergedError",
     "TransactionOutcomeUnknownError",
+    "UnsupportedBrokerError",
 ]
 
 
@@ -205,6 +213,61 @@ class IllegalStateError(KafkaTxnError):
 class ConfigurationError(KafkaTxnError, ValueError):
     """Raised at construction for settings that cannot work; the message names the key
     and the fix. Nothing has been sent when this is raised."""
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return KafkaError(KafkaError._INVALID_ARG, message)
+
+
+class TransactionDivergedError(KafkaTxnError):
+    """Raised by recovery when the database committed a prepared transaction that Kafka no
+    longer holds: it expired (``transaction.timeout.ms``), was aborted, or a newer producer
+    fenced it. Nothing was committed. Its attributes carry what an operator needs: the
+    transactional id, the stored and the observed producer id/epoch, states and times.
+    The records of that transaction are lost on the Kafka side and must be re-sent from
+    the database."""
+
+    category = ErrorCategory.FATAL
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kafka_error: KafkaError | None = None,
+        transactional_id: str,
+        stored_state: str,
+        observed: dict[str, Any],
+    ) -> None:
+        super().__init__(message, kafka_error=kafka_error)
+        self.transactional_id = transactional_id
+        self.stored_state = stored_state
+        self.observed = observed
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return KafkaError(KafkaError.INVALID_TXN_STATE, message)
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {
+            **super()._kwargs(),
+            "transactional_id": self.transactional_id,
+            "stored_state": self.stored_state,
+            "observed": self.observed,
+        }
+
+
+class UnsupportedBrokerError(KafkaTxnError):
+    """Raised when two-phase commit needs an API the broker does not offer (for example
+    DescribeTransactions, Kafka >= 3.0). Ordinary transactions still work."""
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return KafkaError(KafkaError.UNSUPPORTED_VERSION, message)
+
+
+class InvalidPreparedStateError(KafkaTxnError, ValueError):
+    """Raised for a serialized ``PreparedTxnState`` that cannot be read (the message says
+    what is wrong) or that belongs to another transactional id or cluster."""
 
     @staticmethod
     def _default_root(message: str) -> KafkaError:

@@ -7,6 +7,8 @@ States and the calls each allows::
     IN_TRANSACTION --commit_transaction--> READY      (COMMITTING while retrying)
     IN_TRANSACTION --abort_transaction--> READY       (ABORTING while retrying)
     IN_TRANSACTION --abortable error--> ABORTABLE --abort_transaction--> READY
+    IN_TRANSACTION --prepare_transaction--> PREPARED --complete/commit/abort--> READY
+    NEW --init_transactions(keep_prepared_txn=True)--> RECOVERING --complete--> READY
     any --fatal error--> FATAL --close--> CLOSED;  any --close--> CLOSED
 
 Delivery reports reach one bound method set as librdkafka's default ``on_delivery``; it
@@ -23,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import tenacity
@@ -39,10 +42,14 @@ from .errors import (
     IllegalStateError,
     KafkaTxnError,
     ProduceFailedException,
+    ProducerFencedError,
     TransactionAbortableError,
     TransactionOutcomeUnknownError,
 )
 from .futures import _PENDING, DeliveryFuture
+from .recovery import TransactionOutcome, check_belongs, recover
+from .state import PreparedTxnState
+from .twophase import DEFAULT_STATISTICS_INTERVAL_MS, TwoPhase
 
 __all__ = ["DeliveryCallback", "Serializer", "TransactionalProducer"]
 
@@ -61,6 +68,8 @@ class _State(enum.Enum):
     COMMITTING = "committing"
     ABORTING = "aborting"
     ABORTABLE = "abortable error"
+    PREPARED = "prepared"
+    RECOVERING = "recovering"
     FATAL = "fatal error"
     CLOSED = "closed"
 
@@ -82,6 +91,28 @@ def _is_retriable(exc: BaseException) -> bool:
     )
 
 
+def _build_producer(conf: dict[str, Any]) -> Producer:
+    """confluent-kafka's Producer; librdkafka's refusals become ConfigurationError naming
+    the key as the user wrote it."""
+    try:
+        return Producer(conf)
+    except KafkaException as exc:
+        err = exc.args[0]
+        reason = err.str()
+        named = re.search(r'property "([^"]+)"', reason)
+        if named is not None:
+            key = user_key_for(named.group(1), conf)
+            if key != named.group(1):
+                reason += f" (set as {key!r})"
+        raise ConfigurationError(
+            f"librdkafka rejected the producer configuration: {reason}. Check the "
+            "property name and value against librdkafka's CONFIGURATION.md",
+            kafka_error=err,
+        ) from exc
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"librdkafka rejected the producer configuration: {exc}") from exc
+
+
 class TransactionalProducer:
     """A transactional Kafka producer whose every failure says what to do next.
 
@@ -90,6 +121,12 @@ class TransactionalProducer:
     ``commit_transaction``/``abort_transaction``/``init_transactions`` retry retriable
     errors (default: ``transaction.timeout.ms``). ``queue_full_timeout`` is how long
     ``produce()`` waits for room when librdkafka's local queue is full.
+
+    With ``transaction.two.phase.commit.enable=true`` (KIP-939's setting) the producer
+    also offers ``prepare_transaction()``, ``complete_transaction()`` and
+    ``init_transactions(keep_prepared_txn=True)``; ``prepare_min_time_left`` (default: a
+    fifth of ``transaction.timeout.ms``, at least 1 s) is how much of the transaction
+    timeout must remain for prepare to succeed.
     """
 
     def __init__(
@@ -100,6 +137,7 @@ class TransactionalProducer:
         value_serializer: Serializer | None = None,
         operation_timeout: float | None = None,
         queue_full_timeout: float = 60.0,
+        prepare_min_time_left: float | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         validated = validate_config(config)
@@ -113,6 +151,11 @@ class TransactionalProducer:
                 f"operation_timeout={operation_timeout!r} must be a positive number of seconds"
             )
         self._queue_full_timeout = queue_full_timeout
+        self._prepare_min_time_left = (
+            prepare_min_time_left
+            if prepare_min_time_left is not None
+            else max(1.0, self._transaction_timeout_s / 5)
+        )
         self._sleep = sleep
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
@@ -127,6 +170,7 @@ class TransactionalProducer:
         self._first_failure: ProduceFailedException | None = None
         self._failed_records = 0
         self._callback_error: BaseException | None = None
+        self._begun_at = 0.0
 
         # Delivery reports of records produced without a callback land in this dict
         # through its C-level setdefault: no Python frame per record. Successes share
@@ -140,27 +184,28 @@ class TransactionalProducer:
             self._reports.setdefault if self._user_on_delivery is None else self._on_delivery
         )
         conf["error_cb"] = self._on_error
-        if "stats_cb" in validated.callbacks:
-            conf["stats_cb"] = validated.callbacks["stats_cb"]
-        try:
-            self._producer = Producer(conf)
-        except KafkaException as exc:
-            err = exc.args[0]
-            reason = err.str()
-            named = re.search(r'property "([^"]+)"', reason)
-            if named is not None:
-                key = user_key_for(named.group(1), conf)
-                if key != named.group(1):
-                    reason += f" (set as {key!r})"
-            raise ConfigurationError(
-                f"librdkafka rejected the producer configuration: {reason}. Check the "
-                "property name and value against librdkafka's CONFIGURATION.md",
-                kafka_error=err,
-            ) from exc
-        except (TypeError, ValueError) as exc:
-            raise ConfigurationError(
-                f"librdkafka rejected the producer configuration: {exc}"
-            ) from exc
+        user_stats = validated.callbacks.get("stats_cb")
+        self._twophase: TwoPhase | None = None
+        if validated.two_phase_commit:
+            conf.setdefault("statistics.interval.ms", DEFAULT_STATISTICS_INTERVAL_MS)
+            if int(conf["statistics.interval.ms"]) <= 0:
+                raise ConfigurationError(
+                    "statistics.interval.ms must be > 0 with two-phase commit: the producer "
+                    "id and epoch are read from librdkafka's statistics"
+                )
+            self._twophase = TwoPhase(
+                conf,
+                self.transactional_id,
+                deadline_s=self._operation_timeout,
+                sleep=sleep,
+                chained_stats=(
+                    None if user_stats is None else partial(self._call_user, user_stats)
+                ),
+            )
+            conf["stats_cb"] = self._twophase.identity.on_stats
+        elif user_stats is not None:
+            conf["stats_cb"] = user_stats
+        self._producer = _build_producer(conf)
         self._produce = self._producer.produce
 
     # ------------------------------------------------------------------ properties
@@ -175,13 +220,30 @@ class TransactionalProducer:
         return self._state in (_State.IN_TRANSACTION, _State.ABORTABLE, _State.COMMITTING)
 
     # ------------------------------------------------------------------ transactions
-    def init_transactions(self, timeout: float | None = None) -> None:
+    def init_transactions(
+        self, timeout: float | None = None, *, keep_prepared_txn: bool = False
+    ) -> None:
         """Register the transactional.id with its coordinator, fencing older producers
-        with the same id and aborting a transaction they left open."""
+        with the same id and aborting a transaction they left open.
+
+        ``keep_prepared_txn=True`` (KIP-939, needs two-phase commit enabled) does not
+        touch the coordinator yet: a transaction a crashed process prepared stays open
+        until ``complete_transaction(stored_state)`` settles it; only then are
+        transactions initialised (and zombies fenced)."""
         with self._lock:
             self._require((_State.NEW,), "init_transactions")
-            self._retrying("init_transactions", self._producer.init_transactions, timeout)
-            self._state = _State.READY
+            if keep_prepared_txn:
+                self._two_phase("init_transactions(keep_prepared_txn=True)")
+                self._state = _State.RECOVERING
+                return
+            self._init_librdkafka(timeout)
+
+    def _init_librdkafka(self, timeout: float | None) -> None:
+        self._retrying("init_transactions", self._producer.init_transactions, timeout)
+        self._state = _State.READY
+        if self._twophase is not None:
+            self._drain()  # statistics queued before init are stale
+            self._twophase.identity.invalidate()
 
     def begin_transaction(self) -> None:
         """Start a transaction; records sent until commit or abort belong to it."""
@@ -190,6 +252,9 @@ class TransactionalProducer:
             self._drain()
             self._first_failure = None
             self._failed_records = 0
+            if self._twophase is not None:
+                self._twophase.space_transactions()
+            self._begun_at = time.monotonic()
             try:
                 self._producer.begin_transaction()
             except KafkaException as exc:
@@ -289,7 +354,10 @@ class TransactionalProducer:
         with self._lock:
             if self._state is _State.ABORTABLE:
                 raise self._commit_failed(self._abortable)
-            self._require((_IN_TXN, _State.COMMITTING), "commit_transaction")
+            if self._state is _State.RECOVERING:
+                self._settle_kept_transaction(commit=True, timeout=timeout)
+                return
+            self._require((_IN_TXN, _State.COMMITTING, _State.PREPARED), "commit_transaction")
             if self._first_failure is not None:  # a record already failed: cannot commit
                 raise self._commit_failed(self._first_failure)
             self._state = _State.COMMITTING
@@ -301,6 +369,9 @@ class TransactionalProducer:
                     raise self._commit_failed(self._first_failure)  # noqa: B904 - cause set
                 raise
             self._state = _State.READY
+            if self._twophase is not None:
+                self._twophase.prepared = None
+                self._twophase.last_commit_at = time.monotonic()
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the open transaction: nothing of it becomes visible to read_committed
@@ -313,7 +384,12 @@ class TransactionalProducer:
                     "again, or close() the producer and let the next init_transactions() "
                     "settle the transaction"
                 )
-            self._require((_IN_TXN, _State.ABORTABLE, _State.ABORTING), "abort_transaction")
+            if self._state is _State.RECOVERING:
+                self._settle_kept_transaction(commit=False, timeout=timeout)
+                return
+            self._require(
+                (_IN_TXN, _State.ABORTABLE, _State.ABORTING, _State.PREPARED), "abort_transaction"
+            )
             self._state = _State.ABORTING
             self._retrying("abort_transaction", self._producer.abort_transaction, timeout)
             # librdkafka purged the queue; serve those reports now so that none of them is
@@ -322,6 +398,187 @@ class TransactionalProducer:
             self._abortable = None
             self._first_failure = None
             self._state = _State.READY
+            if self._twophase is not None:
+                self._twophase.prepared = None
+                self._twophase.identity.invalidate()  # abort may have bumped the epoch
+
+    # ------------------------------------------------------------------ two-phase commit
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """First phase of KIP-939: make the open transaction ready to commit and return
+        its ``PreparedTxnState`` for the external decider (e.g. a database) to store.
+
+        Every record must have been delivered; the coordinator must confirm the
+        transaction is open under this producer's id and epoch; enough of
+        ``transaction.timeout.ms`` must be left. Otherwise ``TransactionAbortableError``.
+        Afterwards only ``complete_transaction``/``commit_transaction``/
+        ``abort_transaction`` are allowed. A transaction that sent nothing prepares to
+        the empty state."""
+        with self._lock:
+            twophase = self._two_phase("prepare_transaction")
+            if self._state is _State.ABORTABLE and self._abortable is not None:
+                self._refuse_send("prepare_transaction")
+            self._require((_IN_TXN,), "prepare_transaction")
+            budget = self._operation_timeout if timeout is None else timeout
+            deadline = time.monotonic() + budget
+            left = self.flush(max(0.0, deadline - time.monotonic()))
+            if self._first_failure is not None:
+                raise self._prepare_failed(
+                    f"a record failed: {self._first_failure}", self._first_failure
+                )
+            if left:
+                raise self._prepare_failed(f"{left} records still undelivered after {budget:g}s")
+            pid, epoch = self._await_identity(deadline)
+            time_left = self._transaction_timeout_s - (time.monotonic() - self._begun_at)
+            if time_left < self._prepare_min_time_left:
+                raise self._prepare_failed(
+                    f"only {time_left:.1f}s of transaction.timeout.ms "
+                    f"({self._transaction_timeout_s:g}s) left, less than "
+                    f"prepare_min_time_left={self._prepare_min_time_left:g}s: the broker could "
+                    "abort it before the decision lands. Raise transaction.timeout.ms or "
+                    "send less per transaction"
+                )
+            seen = twophase.call("prepare_transaction", twophase.client.describe, recovering=False)
+            if seen.producer_id != pid or seen.producer_epoch != epoch:
+                fenced = ProducerFencedError(
+                    f"prepare_transaction(): the coordinator holds producer id "
+                    f"{seen.producer_id} epoch {seen.producer_epoch} for "
+                    f"{self.transactional_id!r}, this producer is {pid}/{epoch}: a newer "
+                    "producer took over; close this one",
+                    kafka_error=KafkaError(KafkaError.PRODUCER_FENCED),
+                )
+                self._enter_fatal(fenced)
+                raise fenced
+            if seen.state == "Ongoing":
+                if seen.start_time_ms == twophase.last_start_ms:
+                    raise self._prepare_failed(
+                        "the coordinator gives this transaction the start time of the "
+                        "previous one, so recovery could not tell them apart; abort and retry"
+                    )
+                state = PreparedTxnState(
+                    transactional_id=self.transactional_id,
+                    producer_id=pid,
+                    producer_epoch=epoch,
+                    txn_start_ms=seen.start_time_ms,
+                    cluster_id=self._cluster_id(deadline),
+                    timeout_ms=int(self._transaction_timeout_s * 1000),
+                )
+                twophase.last_start_ms = seen.start_time_ms
+            elif seen.state in ("Empty", "CompleteCommit", "CompleteAbort"):
+                state = PreparedTxnState.EMPTY  # nothing was sent: nothing to commit
+            else:
+                raise self._prepare_failed(f"the coordinator reports state {seen.state}")
+            twophase.prepared = state
+            self._state = _State.PREPARED
+            return state
+
+    def complete_transaction(
+        self,
+        state: PreparedTxnState | str,
+        *,
+        before_init: Callable[[TransactionOutcome], None] | None = None,
+        timeout: float | None = None,
+    ) -> TransactionOutcome:
+        """Second phase of KIP-939: commit if ``state`` is the prepared transaction's,
+        abort otherwise.
+
+        After ``init_transactions(keep_prepared_txn=True)``, ``state`` is what the
+        database stored; this runs recovery (commit the in-doubt transaction if it is the
+        stored one, raise ``TransactionDivergedError`` if Kafka lost it), calls
+        ``before_init(outcome)`` (the place to store ``state.mark_completed()``, so that a
+        crash now cannot make the next recovery guess), and only then initialises
+        transactions, which aborts anything else still open and fences zombies."""
+        if isinstance(state, str):
+            state = PreparedTxnState.parse(state)
+        with self._lock:
+            twophase = self._two_phase("complete_transaction")
+            if self._state is _State.RECOVERING:
+                cluster = self._cluster_id(time.monotonic() + self._operation_timeout)
+                check_belongs(state, self.transactional_id, cluster)
+                outcome = twophase.call(
+                    "complete_transaction",
+                    partial(recover, twophase.client, state, cluster),
+                    recovering=True,
+                )
+                if before_init is not None:
+                    before_init(outcome)
+                self._init_librdkafka(timeout)
+                return outcome
+            if self._state is not _State.PREPARED:
+                self._raise_if_dead("complete_transaction")
+                raise IllegalStateError(
+                    f"complete_transaction() with no prepared transaction (state "
+                    f"'{self._state.value}'): call prepare_transaction() first, or "
+                    "init_transactions(keep_prepared_txn=True) to recover",
+                    kafka_error=KafkaError(KafkaError.INVALID_TXN_STATE),
+                )
+            if state == twophase.prepared:
+                self.commit_transaction(timeout)
+                outcome = TransactionOutcome.COMMITTED
+            else:
+                self.abort_transaction(timeout)
+                outcome = TransactionOutcome.ABORTED
+            if before_init is not None:
+                before_init(outcome)
+            return outcome
+
+    def _two_phase(self, operation: str) -> TwoPhase:
+        if self._twophase is None:
+            self._raise_if_dead(operation)
+            raise IllegalStateError(
+                f"{operation}() needs two-phase commit: set "
+                "'transaction.two.phase.commit.enable': True in the producer config"
+            )
+        return self._twophase
+
+    def _prepare_failed(self, reason: str, cause: KafkaTxnError | None = None) -> KafkaTxnError:
+        exc = TransactionAbortableError(
+            f"prepare_transaction() failed: {reason}; abort the transaction",
+            kafka_error=None if cause is None else cause.kafka_error,
+        )
+        if cause is not None:
+            exc.__cause__ = self._root_exception(cause)
+        self._enter_abortable(exc)
+        return exc
+
+    def _await_identity(self, deadline: float) -> tuple[int, int]:
+        """This producer's id and epoch; waits for a statistics snapshot only after an
+        init or abort (see twophase.py)."""
+        assert self._twophase is not None
+        tracker = self._twophase.identity
+        while tracker.identity is None:
+            if time.monotonic() >= deadline:
+                raise self._prepare_failed(
+                    "librdkafka sent no statistics with the producer id in time "
+                    "(statistics.interval.ms)"
+                )
+            self.poll(0.02)
+        return tracker.identity
+
+    def _cluster_id(self, deadline: float) -> str | None:
+        assert self._twophase is not None
+        if self._twophase.cluster_id is None:
+            try:
+                metadata = self._producer.list_topics(timeout=max(1.0, deadline - time.monotonic()))
+                self._twophase.cluster_id = metadata.cluster_id
+            except KafkaException as exc:
+                log.warning("could not read the cluster id: %s", exc)
+        return self._twophase.cluster_id
+
+    def _settle_kept_transaction(self, commit: bool, timeout: float | None) -> None:
+        """commit_transaction()/abort_transaction() right after
+        init_transactions(keep_prepared_txn=True): commit whatever transaction is open for
+        this transactional id (KIP-939 leaves that choice to the caller), or abort it."""
+        assert self._twophase is not None
+        twophase = self._twophase
+        if commit:
+            seen = twophase.call("commit_transaction", twophase.client.describe, recovering=True)
+            if seen.state == "Ongoing":
+                twophase.call(
+                    "commit_transaction",
+                    partial(twophase.client.end_txn, seen.producer_id, seen.producer_epoch, True),
+                    recovering=True,
+                )
+        self._init_librdkafka(timeout)  # aborts whatever is still open
 
     @contextmanager
     def transaction(self) -> Iterator[TransactionalProducer]:
@@ -359,12 +616,16 @@ class TransactionalProducer:
         with self._lock:
             if self._state is _State.CLOSED:
                 return
+            # A PREPARED transaction is left alone: its fate is the external decider's,
+            # and recovery (or the broker's timeout) settles it.
             if self._state in (_IN_TXN, _State.ABORTABLE, _State.ABORTING):
                 try:
                     self.abort_transaction(timeout)
                 except KafkaTxnError as exc:
                     log.warning("close(): abort of the open transaction failed: %s", exc)
             self._state = _State.CLOSED
+            if self._twophase is not None:
+                self._twophase.close()
             try:
                 self._producer.flush(0)
                 close = getattr(self._producer, "close", None)
@@ -406,6 +667,16 @@ class TransactionalProducer:
             hint = "a commit is in progress: call commit_transaction() again"
         elif state is _State.ABORTING:
             hint = "an abort is in progress: call abort_transaction() again"
+        elif state is _State.PREPARED:
+            hint = (
+                "the transaction is prepared: only complete_transaction(), "
+                "commit_transaction() or abort_transaction() may follow"
+            )
+        elif state is _State.RECOVERING:
+            hint = (
+                "init_transactions(keep_prepared_txn=True) was called: settle the kept "
+                "transaction with complete_transaction(stored_state) first"
+            )
         else:
             hint = "a transaction is already open: commit or abort it first"
         err = IllegalStateError(f"{operation}() not allowed in state '{state.value}': {hint}")

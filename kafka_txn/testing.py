@@ -1,4 +1,5 @@
-"""Fault injection for tests: librdkafka's built-in mock cluster, driven through ctypes.
+"""Fault injection for tests: librdkafka's built-in mock cluster, driven through ctypes,
+and ``FaultProxy``, which injects errors into the coordinator requests of a real broker.
 
 The mock cluster lives inside the librdkafka that ships in the confluent-kafka wheel, so
 it needs no server and no network beyond loopback. It can make any request fail with any
@@ -14,14 +15,28 @@ producers or honour send_offsets_to_transaction, so use it for error paths only:
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import enum
+import socket
+import struct
+import threading
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import confluent_kafka
 
-__all__ = ["ApiKey", "MockCluster", "librdkafka_path"]
+from .coordinator import codec
+from .coordinator.messages import (
+    DESCRIBE_TRANSACTIONS,
+    END_TXN,
+    FIND_COORDINATOR,
+    INIT_PRODUCER_ID,
+)
+
+__all__ = ["ApiKey", "FaultProxy", "MockCluster", "librdkafka_path"]
 
 
 class ApiKey(enum.IntEnum):
@@ -151,3 +166,179 @@ class MockCluster:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class FaultProxy:
+    """A loopback TCP proxy in front of a real broker that answers chosen requests with an
+    error code instead of forwarding them, for the requests of kafka-txn's coordinator
+    client (FindCoordinator, DescribeTransactions, EndTxn, InitProducerId).
+
+    The mock cluster cannot stand in here: it has no DescribeTransactions. Everything
+    not injected goes to the real broker, and FindCoordinator answers are rewritten to
+    point at the proxy, so the coordinator connection passes through it too::
+
+        with FaultProxy(broker_bootstrap) as proxy:
+            proxy.push_errors(ApiKey.END_TXN, KafkaError.PRODUCER_FENCED)
+            settings = ConnectionSettings.from_librdkafka(
+                {"bootstrap.servers": proxy.bootstrap_servers})
+    """
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.split(",", 1)[0].rpartition(":")
+        self._upstream = (host, int(port))
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self._faults: dict[int, collections.deque[int]] = collections.defaultdict(collections.deque)
+        self.injected: list[tuple[int, int]] = []
+        """(api key, error code) of every answer the proxy made up, in order."""
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = [self._server]
+        self._closed = False
+        threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
+
+    def push_errors(self, api: ApiKey | int, *codes: int) -> None:
+        """Answer the next ``len(codes)`` requests of ``api`` with these error codes."""
+        with self._lock:
+            self._faults[int(api)].extend(codes)
+
+    def close(self) -> None:
+        self._closed = True
+        for sock in list(self._sockets):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            self._sockets.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self._upstream, timeout=30)
+        except OSError:
+            client.close()
+            return
+        self._sockets.append(upstream)
+        try:
+            while not self._closed:
+                request = _read_frame(client)
+                api_key, version, correlation = struct.unpack(">hhi", request[:8])
+                with self._lock:
+                    queue = self._faults.get(api_key)
+                    code = queue.popleft() if queue else None
+                if code is not None:
+                    self.injected.append((api_key, code))
+                    client.sendall(_frame(_error_response(api_key, version, correlation,
+                                                          request, code)))  # fmt: skip
+                    continue
+                upstream.sendall(_frame(request))
+                response = _read_frame(upstream)
+                if api_key == FIND_COORDINATOR.key:
+                    response = self._redirect(version, response)
+                client.sendall(_frame(response))
+        except (OSError, ValueError):
+            pass
+        finally:
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def _redirect(self, version: int, response: bytes) -> bytes:
+        """Point a FindCoordinator answer at the proxy."""
+        header_len = 4 + (1 if FIND_COORDINATOR.flexible(version) else 0)
+        schema = FIND_COORDINATOR.responses[version]
+        flexible = FIND_COORDINATOR.flexible(version)
+        body = codec.decode(schema, response[header_len:], flexible)
+        entries = body["coordinators"] if version >= 4 else [body]
+        for entry in entries:
+            entry["host"], entry["port"] = "127.0.0.1", self.port
+        return response[:header_len] + codec.encode(schema, body, flexible)
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    size = struct.unpack(">i", _read_exact(sock, 4))[0]
+    return _read_exact(sock, size)
+
+
+def _read_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = sock.recv(size)
+        if not chunk:
+            raise OSError("peer closed")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _frame(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+_APIS = {
+    api.key: api for api in (FIND_COORDINATOR, DESCRIBE_TRANSACTIONS, END_TXN, INIT_PRODUCER_ID)
+}
+
+
+def _blank(kind: codec.FieldType) -> Any:
+    if isinstance(kind, codec.Struct):
+        return {name: _blank(field) for name, field in kind.fields}
+    if isinstance(kind, codec.Array):
+        return []
+    if kind is codec.NULLABLE_STRING:
+        return None
+    if kind is codec.STRING:
+        return ""
+    if kind is codec.BOOL:
+        return False
+    return -1 if kind in (codec.INT32, codec.INT64) else 0
+
+
+def _item(schema: codec.Schema, name: str) -> codec.FieldType:
+    """The element type of the array field ``name``."""
+    kind = dict(schema)[name]
+    assert isinstance(kind, codec.Array)
+    return kind.item
+
+
+def _error_response(
+    api_key: int, version: int, correlation: int, request: bytes, code: int
+) -> bytes:
+    api = _APIS.get(api_key)
+    if api is None or version not in api.responses:
+        raise ValueError(f"cannot inject an error into API {api_key} v{version}")
+    flexible = api.flexible(version)
+    # Request header v1/v2: api key, version, correlation id, client id (int16 length).
+    (client_id_len,) = struct.unpack(">h", request[8:10])
+    offset = 10 + max(client_id_len, 0)
+    if flexible:
+        offset += 1  # empty tagged fields of request header v2
+    req = codec.decode(api.requests[version], request[offset:], flexible)
+    schema = api.responses[version]
+    body = _blank(codec.Struct(schema))
+    if api is DESCRIBE_TRANSACTIONS:
+        entry = _blank(_item(schema, "transaction_states"))
+        body["transaction_states"] = [
+            {**entry, "error_code": code, "transactional_id": tid}
+            for tid in req["transactional_ids"]
+        ]
+    elif api is FIND_COORDINATOR and version >= 4:
+        entry = _blank(_item(schema, "coordinators"))
+        body["coordinators"] = [
+            {**entry, "key": key, "error_code": code} for key in req["coordinator_keys"]
+        ]
+    else:
+        body["error_code"] = code
+    header = struct.pack(">i", correlation) + (b"\x00" if flexible else b"")
+    return header + codec.encode(api.responses[version], body, flexible)

@@ -1,0 +1,286 @@
+"""A tiny client for one transactional id's coordinator: FindCoordinator,
+DescribeTransactions, EndTxn, and KIP-939's InitProducerId v6 behind a capability check.
+
+librdkafka exposes none of these for an arbitrary producer id and epoch, which is what
+recovery needs: the coordinator accepts EndTxn(transactional_id, producer_id, epoch,
+commit) from any connection with WRITE on the transactional id (Flink's KafkaSink resumes
+transactions the same way). Coordinator moves and loading (NOT_COORDINATOR,
+COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS), CONCURRENT_TRANSACTIONS and
+dropped connections are retried with tenacity, re-finding the coordinator each time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import tenacity
+from confluent_kafka import KafkaError
+
+from ..errors import UnsupportedBrokerError
+from .connection import AuthenticationError, BrokerConnection, ConnectionSettings, ProtocolError
+from .messages import DESCRIBE_TRANSACTIONS, END_TXN, FIND_COORDINATOR, INIT_PRODUCER_ID
+
+__all__ = ["CoordinatorClient", "CoordinatorError", "TransactionDescription"]
+
+log = logging.getLogger("kafka_txn.coordinator")
+
+T = TypeVar("T")
+
+TRANSACTION_KEY_TYPE = 1
+TRANSACTIONAL_ID_NOT_FOUND = 105  # Kafka's code; librdkafka does not name it
+RETRIABLE_CODES = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.CONCURRENT_TRANSACTIONS,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+    }
+)
+_MOVED = frozenset(
+    {KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR, KafkaError.NETWORK_EXCEPTION}
+)
+
+
+class CoordinatorError(Exception):
+    """The coordinator answered with an error code (``code``)."""
+
+    def __init__(self, operation: str, code: int, message: str | None = None) -> None:
+        self.operation = operation
+        self.code = code
+        self.kafka_error = KafkaError(code)
+        detail = f": {message}" if message else ""
+        super().__init__(f"{operation}: {self.kafka_error.name()}{detail}")
+
+    @property
+    def retriable(self) -> bool:
+        return self.code in RETRIABLE_CODES
+
+
+@dataclass(frozen=True)
+class TransactionDescription:
+    """What DescribeTransactions says of one transactional id."""
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    start_time_ms: int
+    partitions: dict[str, list[int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch,
+            "transaction_start_time_ms": self.start_time_ms,
+            "transaction_timeout_ms": self.timeout_ms,
+            "partitions": self.partitions,
+        }
+
+
+def _retriable(exc: BaseException) -> bool:
+    if isinstance(exc, AuthenticationError):
+        return False
+    return isinstance(exc, ProtocolError) or (isinstance(exc, CoordinatorError) and exc.retriable)
+
+
+class CoordinatorClient:
+    """Talks to the coordinator of one transactional id."""
+
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        transactional_id: str,
+        *,
+        deadline_s: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.transactional_id = transactional_id
+        self.deadline_s = deadline_s
+        self._sleep = sleep
+        self._bootstrap: BrokerConnection | None = None
+        self._coordinator: BrokerConnection | None = None
+
+    # ------------------------------------------------------------------ public calls
+    def describe(self) -> TransactionDescription:
+        """DescribeTransactions for this transactional id (Kafka >= 3.0)."""
+        return self._with_retries("DescribeTransactions", self._describe_once)
+
+    def end_txn(self, producer_id: int, producer_epoch: int, commit: bool) -> None:
+        """EndTxn with the given identity; raises CoordinatorError for a refusal."""
+        self._with_retries(
+            "EndTxn", lambda: self._end_txn_once(producer_id, producer_epoch, commit)
+        )
+
+    def supports_kip939(self) -> bool:
+        """True if the coordinator speaks InitProducerId v6 (KIP-939 2PC)."""
+        conn = self._with_retries("FindCoordinator", self._coordinator_conn)
+        return conn.supports(INIT_PRODUCER_ID) >= 6
+
+    def init_producer_id_2pc(self, keep_prepared_txn: bool, timeout_ms: int) -> dict[str, Any]:
+        """InitProducerId v6 (Enable2Pc, KeepPreparedTxn). Refused unless the broker
+        advertises v6: a broker that ignored keepPreparedTxn would abort the transaction."""
+
+        def once() -> dict[str, Any]:
+            conn = self._coordinator_conn()
+            if conn.supports(INIT_PRODUCER_ID) < 6:
+                raise UnsupportedBrokerError(
+                    "the broker does not offer InitProducerId v6 (KIP-939): "
+                    "keepPreparedTxn is refused rather than risk an abort"
+                )
+            answer = conn.request(
+                INIT_PRODUCER_ID,
+                6,
+                {
+                    "transactional_id": self.transactional_id,
+                    "transaction_timeout_ms": timeout_ms,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                    "enable_2pc": True,
+                    "keep_prepared_txn": keep_prepared_txn,
+                },
+            )
+            self._check("InitProducerId", answer)
+            return answer
+
+        return self._with_retries("InitProducerId", once)
+
+    def close(self) -> None:
+        for conn in (self._coordinator, self._bootstrap):
+            if conn is not None:
+                conn.close()
+        self._coordinator = self._bootstrap = None
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _with_retries(self, operation: str, call: Callable[[], T]) -> T:
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.info("%s for %r: %s; retrying", operation, self.transactional_id, exc)
+            if isinstance(exc, ProtocolError) or (
+                isinstance(exc, CoordinatorError) and exc.code in _MOVED
+            ):
+                self._forget_coordinator()
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_retriable),
+            stop=tenacity.stop_after_delay(self.deadline_s),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0)
+            + tenacity.wait_random(0, 0.05),
+            sleep=self._sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(call)
+
+    def _forget_coordinator(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
+            self._coordinator = None
+
+    def _any_broker(self) -> BrokerConnection:
+        if self._bootstrap is not None:
+            return self._bootstrap
+        errors = []
+        for host, port in self.settings.bootstrap:
+            try:
+                self._bootstrap = BrokerConnection(self.settings, host, port)
+                return self._bootstrap
+            except AuthenticationError:
+                raise
+            except ProtocolError as exc:
+                errors.append(str(exc))
+        raise ProtocolError("no bootstrap server reachable: " + "; ".join(errors))
+
+    def _coordinator_conn(self) -> BrokerConnection:
+        if self._coordinator is not None:
+            return self._coordinator
+        broker = self._any_broker()
+        version = broker.supports(FIND_COORDINATOR)
+        if version < 0:
+            raise UnsupportedBrokerError("the broker offers no FindCoordinator version we speak")
+        try:
+            if version >= 4:
+                answer = broker.request(
+                    FIND_COORDINATOR,
+                    version,
+                    {"key_type": TRANSACTION_KEY_TYPE, "coordinator_keys": [self.transactional_id]},
+                )
+                found = answer["coordinators"][0]
+            else:
+                found = broker.request(
+                    FIND_COORDINATOR,
+                    version,
+                    {"key": self.transactional_id, "key_type": TRANSACTION_KEY_TYPE},
+                )
+        except ProtocolError:
+            self._bootstrap = None
+            raise
+        if found["error_code"]:
+            raise CoordinatorError("FindCoordinator", found["error_code"], found["error_message"])
+        host, port = found["host"], found["port"]
+        if (host, port) == (broker.host, broker.port):
+            self._coordinator = broker
+        else:
+            self._coordinator = BrokerConnection(self.settings, host, port)
+        return self._coordinator
+
+    def _describe_once(self) -> TransactionDescription:
+        conn = self._coordinator_conn()
+        if conn.supports(DESCRIBE_TRANSACTIONS) < 0:
+            raise UnsupportedBrokerError(
+                "the broker does not offer DescribeTransactions (Kafka >= 3.0 does): "
+                "two-phase commit and recovery need it to identify a prepared transaction"
+            )
+        answer = conn.request(
+            DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [self.transactional_id]}
+        )
+        [entry] = answer["transaction_states"]
+        if entry["error_code"] == TRANSACTIONAL_ID_NOT_FOUND:
+            return TransactionDescription(self.transactional_id, "Empty", -1, -1, 0, -1)
+        if entry["error_code"]:
+            raise CoordinatorError("DescribeTransactions", entry["error_code"])
+        return TransactionDescription(
+            transactional_id=entry["transactional_id"],
+            state=entry["transaction_state"],
+            producer_id=entry["producer_id"],
+            producer_epoch=entry["producer_epoch"],
+            timeout_ms=entry["transaction_timeout_ms"],
+            start_time_ms=entry["transaction_start_time_ms"],
+            partitions={t["topic"]: list(t["partitions"]) for t in entry["topics"]},
+        )
+
+    def _end_txn_once(self, producer_id: int, producer_epoch: int, commit: bool) -> None:
+        conn = self._coordinator_conn()
+        version = conn.supports(END_TXN)
+        if version < 0:
+            raise UnsupportedBrokerError("the broker offers no EndTxn version <= 4")
+        answer = conn.request(
+            END_TXN,
+            version,
+            {
+                "transactional_id": self.transactional_id,
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+                "committed": commit,
+            },
+        )
+        self._check("EndTxn", answer)
+
+    @staticmethod
+    def _check(operation: str, answer: dict[str, Any]) -> None:
+        if answer["error_code"]:
+            raise CoordinatorError(operation, answer["error_code"])

@@ -623,9 +623,15 @@ class TransactionalProducer:
                     self.abort_transaction(timeout)
                 except KafkaTxnError as exc:
                     log.warning("close(): abort of the open transaction failed: %s", exc)
+            prepared = self._state is _State.PREPARED
             self._state = _State.CLOSED
             if self._twophase is not None:
                 self._twophase.close()
+            if prepared:
+                # confluent-kafka's Producer.close() aborts an open transaction; a prepared
+                # one must outlive this producer, so the handle is left to the garbage
+                # collector, whose rd_kafka_destroy() leaves the transaction open.
+                return
             try:
                 self._producer.flush(0)
                 close = getattr(self._producer, "close", None)

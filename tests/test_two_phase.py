@@ -1,0 +1,147 @@
+"""prepare_transaction() / complete_transaction() on one live producer (KIP-939's normal
+path), and the state machine around them."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from kafka_txn import (
+    IllegalStateError,
+    PreparedTxnState,
+    TransactionAbortableError,
+    TransactionalProducer,
+    TransactionOutcome,
+)
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def producer(producer_config):
+    p = TransactionalProducer({**producer_config, "transaction.two.phase.commit.enable": True})
+    p.init_transactions()
+    yield p
+    p.close()
+
+
+def test_prepare_then_complete_commits(broker, topic, producer, producer_config):
+    producer.begin_transaction()
+    producer.produce(topic, b"one")
+    state = producer.prepare_transaction()
+    assert state.transactional_id == producer_config["transactional.id"]
+    assert state.producer_id is not None and state.producer_epoch is not None
+    assert state.txn_start_ms is not None and state.txn_start_ms > 0
+    assert state.cluster_id  # refuses recovery against another cluster
+    assert broker.read_committed(topic, expected=0, linger=0.5) == []  # not visible yet
+    # The decider stores the text and hands it back, possibly from another process.
+    assert producer.complete_transaction(str(state)) is TransactionOutcome.COMMITTED
+    assert broker.read_committed(topic, expected=1) == [(None, b"one")]
+
+
+def test_complete_with_another_state_aborts(broker, topic, producer):
+    producer.begin_transaction()
+    producer.produce(topic, b"dropped")
+    producer.prepare_transaction()
+    assert producer.complete_transaction(PreparedTxnState.EMPTY) is TransactionOutcome.ABORTED
+    producer.begin_transaction()
+    producer.produce(topic, b"kept")
+    state = producer.prepare_transaction()
+    producer.complete_transaction(state)
+    assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
+
+
+def test_consecutive_transactions_get_distinct_states(topic, producer):
+    """librdkafka keeps pid/epoch across transactions; the start time tells them apart."""
+    states = []
+    for i in range(5):
+        producer.begin_transaction()
+        producer.produce(topic, b"%d" % i)
+        states.append(producer.prepare_transaction())
+        producer.complete_transaction(states[-1])
+    assert len({(s.producer_id, s.producer_epoch) for s in states}) == 1
+    assert len({s.txn_start_ms for s in states}) == 5
+
+
+def test_empty_transaction_prepares_to_the_empty_state(producer):
+    producer.begin_transaction()
+    assert producer.prepare_transaction() == PreparedTxnState.EMPTY
+    assert producer.complete_transaction(PreparedTxnState.EMPTY) is TransactionOutcome.COMMITTED
+
+
+def test_prepared_state_allows_only_completion(topic, producer):
+    producer.begin_transaction()
+    producer.produce(topic, b"x")
+    state = producer.prepare_transaction()
+    for call in (
+        lambda: producer.produce(topic, b"y"),
+        lambda: producer.send(topic, b"y"),
+        producer.begin_transaction,
+        producer.prepare_transaction,
+    ):
+        with pytest.raises(IllegalStateError, match="prepared"):
+            call()
+    producer.complete_transaction(state)
+
+
+def test_prepare_refuses_when_too_little_timeout_is_left(broker, topic, producer_config):
+    conf = {**producer_config, "transaction.two.phase.commit.enable": True,
+            "transaction.timeout.ms": 10_000}  # fmt: skip
+    with TransactionalProducer(conf, prepare_min_time_left=30) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.produce(topic, b"late")
+        with pytest.raises(TransactionAbortableError, match=r"transaction\.timeout\.ms"):
+            p.prepare_transaction()
+        p.abort_transaction()
+    assert broker.read_committed(topic, expected=0, linger=0.5) == []
+
+
+def test_prepare_after_abort_learns_the_new_identity(broker, topic, producer):
+    producer.begin_transaction()
+    producer.produce(topic, b"aborted")
+    producer.abort_transaction()
+    producer.begin_transaction()
+    producer.produce(topic, b"after")
+    state = producer.prepare_transaction()
+    assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
+    assert broker.read_committed(topic, expected=1) == [(None, b"after")]
+
+
+def test_complete_without_prepare_is_invalid_txn_state(producer):
+    with pytest.raises(IllegalStateError, match="no prepared transaction") as info:
+        producer.complete_transaction(PreparedTxnState.EMPTY)
+    assert info.value.code == KafkaError.INVALID_TXN_STATE
+
+
+def test_two_phase_calls_need_the_setting(producer_config, topic):
+    with TransactionalProducer(producer_config) as p:
+        with pytest.raises(IllegalStateError, match=r"transaction\.two\.phase\.commit\.enable"):
+            p.init_transactions(keep_prepared_txn=True)
+        p.init_transactions()
+        p.begin_transaction()
+        with pytest.raises(IllegalStateError, match=r"transaction\.two\.phase\.commit\.enable"):
+            p.prepare_transaction()
+
+
+def test_recovering_state_allows_only_settling(broker, topic, producer_config):
+    conf = {**producer_config, "transaction.two.phase.commit.enable": True}
+    with TransactionalProducer(conf) as first:
+        first.init_transactions()
+        first.begin_transaction()
+        first.produce(topic, b"kept open")
+        first.prepare_transaction()
+        # A second instance keeps the transaction, and KIP-939 lets it commit it.
+        with TransactionalProducer(conf) as second:
+            second.init_transactions(keep_prepared_txn=True)
+            for call in (second.begin_transaction, lambda: second.produce(topic, b"z")):
+                with pytest.raises(IllegalStateError, match="keep_prepared_txn"):
+                    call()
+            second.commit_transaction()
+            assert second.state == "ready"
+            with second.transaction():
+                second.produce(topic, b"next")
+    assert sorted(broker.read_committed(topic, expected=2)) == [
+        (None, b"kept open"),
+        (None, b"next"),
+    ]

@@ -30,6 +30,7 @@ lint: setup
 
 bench: setup
 	$(PY) bench/producer_bench.py
+	$(PY) bench/two_phase_bench.py
 
 docs: setup
 	$(PY) -m kafka_txn._docs

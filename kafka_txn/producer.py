@@ -371,7 +371,6 @@ class TransactionalProducer:
             self._state = _State.READY
             if self._twophase is not None:
                 self._twophase.prepared = None
-                self._twophase.last_commit_at = time.monotonic()
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the open transaction: nothing of it becomes visible to read_committed
@@ -438,6 +437,7 @@ class TransactionalProducer:
                     "send less per transaction"
                 )
             seen = twophase.call("prepare_transaction", twophase.client.describe, recovering=False)
+            twophase.last_describe_at = time.monotonic()
             if seen.producer_id != pid or seen.producer_epoch != epoch:
                 fenced = ProducerFencedError(
                     f"prepare_transaction(): the coordinator holds producer id "

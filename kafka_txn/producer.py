@@ -54,6 +54,7 @@ from .twophase import DEFAULT_STATISTICS_INTERVAL_MS, TwoPhase
 __all__ = ["DeliveryCallback", "Serializer", "TransactionalProducer"]
 
 log = logging.getLogger("kafka_txn.producer")
+_LIBRDKAFKA_LOG = logging.getLogger("kafka_txn.librdkafka")
 
 DeliveryCallback = Callable[[ProduceFailedException | None, Message], None]
 """``callback(error, message)``: error is None when the record was delivered."""
@@ -184,6 +185,8 @@ class TransactionalProducer:
             self._reports.setdefault if self._user_on_delivery is None else self._on_delivery
         )
         conf["error_cb"] = self._on_error
+        # librdkafka's own log lines go to Python logging (served from poll()), not stderr.
+        conf.setdefault("logger", _LIBRDKAFKA_LOG)
         user_stats = validated.callbacks.get("stats_cb")
         self._twophase: TwoPhase | None = None
         if validated.two_phase_commit:

@@ -6,11 +6,14 @@ fatal errors close the producer, abortable errors abort the transaction,
 and every record failure carries a ``FailureType``.
 """
 
+import importlib
+
 from .classification import ERROR_TABLE, ErrorRule, classify
 from .config import ProducerSettings
 from .errors import (
     CommitFailedException,
     ConfigurationError,
+    DatabaseCommitUnknownError,
     ErrorCategory,
     FailureType,
     FatalError,
@@ -31,12 +34,36 @@ from .state import PreparedTxnState
 
 __version__ = "0.1.0"
 
+_OPTIONAL = {
+    "DualWriter": ("kafka_txn.dualwrite", "sql"),
+    "DualWriteTransaction": ("kafka_txn.dualwrite", "sql"),
+    "jdbc_to_sqlalchemy": ("kafka_txn.jdbc", "sql"),
+}
+
+
+def __getattr__(name: str) -> object:
+    """Names whose modules need an optional extra, imported on first use."""
+    if name not in _OPTIONAL:
+        raise AttributeError(f"module 'kafka_txn' has no attribute {name!r}")
+    module, extra = _OPTIONAL[name]
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"kafka_txn.{name} needs an optional dependency ({exc.name}): "
+            f"pip install 'kafka-txn[{extra}]'"
+        ) from exc
+    return getattr(imported, name)
+
 __all__ = [
     "ERROR_TABLE",
     "CommitFailedException",
     "ConfigurationError",
+    "DatabaseCommitUnknownError",
     "DeliveryCallback",
     "DeliveryFuture",
+    "DualWriteTransaction",
+    "DualWriter",
     "ErrorCategory",
     "ErrorRule",
     "FailureType",
@@ -57,4 +84,5 @@ __all__ = [
     "UnsupportedBrokerError",
     "__version__",
     "classify",
+    "jdbc_to_sqlalchemy",
 ]

@@ -16,6 +16,8 @@ for confluent-kafka's own exceptions::
           ├── TransactionDivergedError  recovery: Kafka no longer holds what the database
           │                             committed (expired, fenced, aborted)
           ├── UnsupportedBrokerError    the broker lacks an API two-phase commit needs
+          ├── DatabaseCommitUnknownError
+          │                             dual write: the database COMMIT's outcome is unknown
           ├── IllegalStateError         API misuse: wrong call for the producer's state
           ├── ConfigurationError        bad settings (also a ValueError)
           └── InvalidPreparedStateError a stored PreparedTxnState that is malformed or
@@ -41,6 +43,7 @@ from confluent_kafka import KafkaError, KafkaException
 __all__ = [
     "CommitFailedException",
     "ConfigurationError",
+    "DatabaseCommitUnknownError",
     "ErrorCategory",
     "FailureType",
     "FatalError",
@@ -272,3 +275,10 @@ class InvalidPreparedStateError(KafkaTxnError, ValueError):
     @staticmethod
     def _default_root(message: str) -> KafkaError:
         return KafkaError(KafkaError._INVALID_ARG, message)
+
+
+class DatabaseCommitUnknownError(KafkaTxnError):
+    """Raised by a dual write when the database COMMIT failed in a way that leaves its
+    outcome unknown (the connection dropped during it). Kafka is not aborted: the
+    transaction stays prepared and the writer stops. Restart it: its ``start()`` reads the
+    database and commits or aborts Kafka to match."""

@@ -76,6 +76,9 @@ class _State(enum.Enum):
 
 
 _IN_TXN = _State.IN_TRANSACTION
+_OPEN_STATES = frozenset(
+    {_IN_TXN, _State.ABORTABLE, _State.COMMITTING, _State.ABORTING, _State.PREPARED}
+)
 _new = object.__new__
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
@@ -219,8 +222,9 @@ class TransactionalProducer:
 
     @property
     def in_transaction(self) -> bool:
-        """True between ``begin_transaction()`` and a successful commit or abort."""
-        return self._state in (_State.IN_TRANSACTION, _State.ABORTABLE, _State.COMMITTING)
+        """True between ``begin_transaction()`` and a successful commit or abort
+        (prepared included)."""
+        return self._state in _OPEN_STATES
 
     # ------------------------------------------------------------------ transactions
     def init_transactions(

@@ -74,3 +74,28 @@ def mock_config(mock_cluster: MockCluster, txn_id: str) -> Callable[..., dict[st
         return conf
 
     return make
+
+
+@pytest.fixture(scope="session")
+def postgres_jdbc() -> str:
+    from tests.databases import POSTGRES_JDBC, ensure_running
+
+    return ensure_running("postgresql", POSTGRES_JDBC)
+
+
+@pytest.fixture(scope="session")
+def mariadb_jdbc() -> str:
+    from tests.databases import MARIADB_JDBC, ensure_running
+
+    return ensure_running("mariadb", MARIADB_JDBC)
+
+
+@pytest.fixture(params=["postgresql", "mariadb", "sqlite"])
+def jdbc_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """Each supported database in turn, as a JDBC URL."""
+    if request.param == "sqlite":
+        from tests.databases import sqlite_jdbc
+
+        return sqlite_jdbc(tmp_path)
+    fixture = "postgres_jdbc" if request.param == "postgresql" else "mariadb_jdbc"
+    return str(request.getfixturevalue(fixture))

@@ -1,0 +1,56 @@
+"""The databases of the test rig: PostgreSQL and MariaDB as the machine runs them (started
+here if they are down, with the machine's own commands), and SQLite files. Each is given
+as the JDBC URL a Spark user would write."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
+
+from kafka_txn.jdbc import jdbc_to_sqlalchemy
+
+POSTGRES_JDBC = "jdbc:postgresql://127.0.0.1:5432/test?user=postgres"
+MARIADB_JDBC = "jdbc:mariadb://127.0.0.1:3306/test?user=root"
+
+_START = {
+    "postgresql": ("pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"),
+    "mariadb": "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd",
+}
+
+
+def _reachable(jdbc: str) -> bool:
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return True
+    except OperationalError:
+        return False
+    finally:
+        engine.dispose()
+
+
+def ensure_running(name: str, jdbc: str, timeout: float = 60.0) -> str:
+    """``jdbc`` once its server answers; starts the server if it does not. Raises (so
+    the run fails, never skips) if it cannot be had."""
+    if _reachable(jdbc):
+        return jdbc
+    command = _START[name]
+    if shutil.which(command.split()[0]) is None:
+        raise RuntimeError(f"{name} is down and {command.split()[0]} is not installed")
+    subprocess.run(command, shell=True, check=False, timeout=60)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _reachable(jdbc):
+            return jdbc
+        time.sleep(0.5)
+    raise RuntimeError(f"{name} did not come up at {jdbc} within {timeout:g}s")
+
+
+def sqlite_jdbc(folder: Path) -> str:
+    return f"jdbc:sqlite:{folder / 'kafka-txn.sqlite'}"

@@ -55,6 +55,7 @@ def __getattr__(name: str) -> object:
         ) from exc
     return getattr(imported, name)
 
+
 __all__ = [
     "ERROR_TABLE",
     "CommitFailedException",

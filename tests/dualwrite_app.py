@@ -18,6 +18,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from kafka_txn import FatalError
 from kafka_txn.dualwrite import STEPS, DualWriter
 
+
 def events_table(name: str) -> Table:
     """The application's own table (a fresh MetaData each time: names differ per test)."""
     return Table(name, MetaData(), Column("batch", Integer), Column("value", String(64)))

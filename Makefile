@@ -31,6 +31,7 @@ lint: setup
 bench: setup
 	$(PY) bench/producer_bench.py
 	$(PY) bench/two_phase_bench.py
+	$(PY) bench/dual_write_bench.py
 
 docs: setup
 	$(PY) -m kafka_txn._docs

@@ -35,6 +35,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    bindparam,
     create_engine,
     func,
     insert,
@@ -105,7 +106,7 @@ def _engine(database: str | URL | Engine, user: str | None, password: str | None
         raise ConfigurationError(
             f"database must be a JDBC URL, a SQLAlchemy URL or Engine, got {type(database)}"
         )
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    kwargs: dict[str, Any] = {}
     if url.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 30}  # wait for the other writer's lock
     try:
@@ -212,6 +213,19 @@ class DualWriter:
             self.state_table.c[state_column],
             self.state_table.c[updated_column],
         )
+        # Statements built once: SQLAlchemy then reuses their compiled form.
+        where = self._id == bindparam("tid")
+        self._select_state = select(self._state).where(where)
+        self._lock_statement = (
+            update(self.state_table).where(where).values({self._updated: self._updated})
+            if self._dialect == "sqlite"  # a write takes SQLite's lock at once
+            else self._select_state.with_for_update()
+        )
+        self._write_statement = (
+            update(self.state_table)
+            .where(where)
+            .values({self._state: bindparam("state"), self._updated: func.now()})
+        )
         self._create = create_state_table
         self._on_step = on_step
         self.producer = TransactionalProducer(conf, **producer_options)
@@ -317,19 +331,14 @@ class DualWriter:
                 pass  # another instance inserted it first
 
     def _lock_and_read(self, conn: Connection) -> str:
-        """Lock this writer's state row for the rest of the DB transaction, read it."""
+        """Lock this writer's state row for the rest of the DB transaction (SELECT ...
+        FOR UPDATE; on SQLite a write, which takes its RESERVED lock at once), read it."""
+        params = {"tid": self.transactional_id}
         if self._dialect == "sqlite":
-            # A write takes SQLite's RESERVED lock at once: an immediate write lock.
-            conn.execute(
-                update(self.state_table)
-                .where(self._id == self.transactional_id)
-                .values({self._updated: self._updated})
-            )
-            query = select(self._state).where(self._id == self.transactional_id)
+            conn.execute(self._lock_statement, params)
+            row = conn.execute(self._select_state, params).first()
         else:
-            query = select(self._state).where(self._id == self.transactional_id)
-            query = query.with_for_update()
-        row = conn.execute(query).first()
+            row = conn.execute(self._lock_statement, params).first()
         if row is None:
             raise ConfigurationError(
                 f"state row for {self.transactional_id!r} is missing from "
@@ -338,11 +347,7 @@ class DualWriter:
         return str(row[0])
 
     def _write_state(self, conn: Connection, state: PreparedTxnState) -> None:
-        conn.execute(
-            update(self.state_table)
-            .where(self._id == self.transactional_id)
-            .values({self._state: str(state), self._updated: func.now()})
-        )
+        conn.execute(self._write_statement, {"tid": self.transactional_id, "state": str(state)})
 
     def _roll_back(self, conn: Connection) -> None:
         try:

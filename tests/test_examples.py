@@ -117,3 +117,34 @@ def test_example_requires_its_options(argv, capsys):
         example.parse_args(argv)
     assert info.value.code == 2
     assert "required" in capsys.readouterr().err
+
+
+def test_dual_write_postgres_example(broker, postgres_jdbc):
+    from sqlalchemy import create_engine, select
+
+    from examples import dual_write_postgres as dw
+    from kafka_txn.jdbc import jdbc_to_sqlalchemy
+
+    topic = broker.create_topic()
+    first_id = 1_000_000 + int(uuid.uuid4().int % 1_000_000) * 100
+    args = dw.parse_args(
+        ["--bootstrap-servers", broker.bootstrap_servers, "--jdbc-url", postgres_jdbc,
+         "--topic", topic, "--transactional-id", f"orders-{uuid.uuid4().hex[:8]}",
+         "--orders", "10", "--first-id", str(first_id)]
+    )  # fmt: skip
+    placed, refused = dw.run(args)
+    assert (placed, refused) == (8, 2)
+    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
+    try:
+        with engine.connect() as conn:
+            ids = conn.execute(
+                select(dw.ORDERS.c.id).where(dw.ORDERS.c.id >= first_id,
+                                             dw.ORDERS.c.id < first_id + 10)
+            ).scalars().all()  # fmt: skip
+    finally:
+        engine.dispose()
+    events = broker.read_committed(topic, expected=8)
+    import json
+
+    assert sorted(json.loads(v)["id"] for _, v in events) == sorted(ids)
+    assert len(ids) == 8

@@ -97,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             dual.append(_dual(broker, jdbc, args.transactions))
         n, d = statistics.median(naive), statistics.median(dual)
         print(f"\n{'10-row transactions':<34}{'median txn/s':>13}{'runs':>30}")
-        print(
-            f"{'naive DB + Kafka (not atomic)':<34}{n:>13,.0f}{[round(x) for x in naive]!s:>30}"
-        )
+        print(f"{'naive DB + Kafka (not atomic)':<34}{n:>13,.0f}{[round(x) for x in naive]!s:>30}")
         print(f"{'DualWriter (atomic)':<34}{d:>13,.0f}{[round(x) for x in dual]!s:>30}")
         print(f"\nratio: {d / n:.2f}x (target >= 0.8)")
     finally:

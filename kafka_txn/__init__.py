@@ -38,6 +38,7 @@ _OPTIONAL = {
     "DualWriter": ("kafka_txn.dualwrite", "sql"),
     "DualWriteTransaction": ("kafka_txn.dualwrite", "sql"),
     "jdbc_to_sqlalchemy": ("kafka_txn.jdbc", "sql"),
+    "KafkaJdbcSink": ("kafka_txn.spark", "spark"),
 }
 
 
@@ -71,6 +72,7 @@ __all__ = [
     "FatalError",
     "IllegalStateError",
     "InvalidPreparedStateError",
+    "KafkaJdbcSink",
     "KafkaTxnError",
     "PreparedTxnState",
     "ProduceFailedException",

@@ -57,6 +57,7 @@ __all__ = [
     "STEPS",
     "DualWriteTransaction",
     "DualWriter",
+    "engine_for",
     "validate_identifier",
 ]
 
@@ -86,7 +87,8 @@ def validate_identifier(name: str, what: str) -> str:
     return name
 
 
-def _engine(database: str | URL | Engine, user: str | None, password: str | None) -> Engine:
+def engine_for(database: str | URL | Engine, user: str | None, password: str | None) -> Engine:
+    """A SQLAlchemy Engine for a JDBC URL, a SQLAlchemy URL or an Engine (returned as is)."""
     if isinstance(database, Engine):
         return database
     if isinstance(database, URL):
@@ -189,7 +191,7 @@ class DualWriter:
             else dict(producer_config)
         )
         conf[TWO_PHASE_COMMIT_KEY] = True
-        self.engine = _engine(database, user, password)
+        self.engine = engine_for(database, user, password)
         self._dialect = self.engine.dialect.name
         if self._dialect not in ("postgresql", "mysql", "mariadb", "sqlite"):
             raise ConfigurationError(

@@ -32,6 +32,7 @@ bench: setup
 	$(PY) bench/producer_bench.py
 	$(PY) bench/two_phase_bench.py
 	$(PY) bench/dual_write_bench.py
+	$(PY) bench/spark_sink_bench.py
 
 docs: setup
 	$(PY) -m kafka_txn._docs

@@ -26,6 +26,7 @@ pyspark is an optional extra: ``pip install 'kafka-txn[spark]'``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -274,6 +275,11 @@ class _PartitionWriter:
         self.mapping = mapping
 
     def __call__(self, rows: Iterable[Any]) -> None:
+        rows = iter(rows)
+        first = next(rows, None)
+        if first is None:
+            return  # an empty partition writes nothing, now or when replayed
+        rows = itertools.chain((first,), rows)
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx else 0
         attempt = ctx.attemptNumber() if ctx else 0

@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-dir", default=None)
     args = parser.parse_args(argv)
     os.environ["KAFKA_TXN_TEST_DRIVER_PGID"] = str(os.getpgid(0))
+    # Local mode: the Python workers must be this interpreter, which has kafka-txn.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
         SparkSession.builder.master("local[2,4]")
         .appName("kafka-txn-restart")

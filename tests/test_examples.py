@@ -148,3 +148,37 @@ def test_dual_write_postgres_example(broker, postgres_jdbc):
 
     assert sorted(json.loads(v)["id"] for _, v in events) == sorted(ids)
     assert len(ids) == 8
+
+
+def test_spark_streaming_sink_example(broker, tmp_path):
+    import json as _json
+
+    from sqlalchemy import create_engine, text
+
+    from kafka_txn.jdbc import jdbc_to_sqlalchemy
+
+    (tmp_path / "in").mkdir()
+    for f in range(2):
+        lines = [_json.dumps({"id": f * 10 + i, "user": f"u{i % 3}", "action": "click"})
+                 for i in range(10)]  # fmt: skip
+        (tmp_path / "in" / f"e{f}.json").write_text("\n".join(lines) + "\n")
+    topic = broker.create_topic(partitions=2)
+    jdbc = f"jdbc:sqlite:{tmp_path}/events.db"
+    argv = ["--bootstrap-servers", broker.bootstrap_servers, "--jdbc-url", jdbc,
+            "--input", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "ckpt"),
+            "--topic", topic, "--prefix", f"ex-{uuid.uuid4().hex[:8]}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for _ in range(2):  # a second run (a restart) finds nothing new to write
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "spark_streaming_sink.py"), *argv],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    ids = sorted(_json.loads(v)["id"] for _, v in broker.read_committed(topic, expected=20))
+    assert ids == list(range(20))
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        with engine.connect() as conn:
+            assert sorted(conn.execute(text("SELECT id FROM events")).scalars()) == ids
+    finally:
+        engine.dispose()

@@ -47,9 +47,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError
 
 from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings, validate_config
 from .errors import ConfigurationError, DatabaseCommitUnknownError, FatalError, KafkaTxnError
-from .futures import DeliveryFuture
 from .jdbc import jdbc_to_sqlalchemy
-from .producer import DeliveryCallback, TransactionalProducer
+from .producer import TransactionalProducer
 from .recovery import TransactionOutcome
 from .state import MAX_SERIALIZED_LENGTH, PreparedTxnState
 
@@ -127,37 +126,14 @@ def engine_for(database: str | URL | Engine, user: str | None, password: str | N
 
 
 class DualWriteTransaction:
-    """What the body of ``writer.transaction()`` gets: the live database connection (in
-    its open transaction) and the producer's send calls."""
+    """What the body of ``writer.transaction()`` gets: ``connection``, the live database
+    connection in its open transaction, and ``produce``/``send``, the producer's own
+    methods (same signatures and errors as ``TransactionalProducer``)."""
 
     def __init__(self, connection: Connection, producer: TransactionalProducer) -> None:
         self.connection = connection
-        self._producer = producer
-
-    def produce(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int = -1,
-        on_delivery: DeliveryCallback | None = None,
-        timestamp: int = 0,
-        headers: Any = None,
-    ) -> None:
-        """``TransactionalProducer.produce`` inside this dual write."""
-        self._producer.produce(topic, value, key, partition, on_delivery, timestamp, headers)
-
-    def send(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int = -1,
-        timestamp: int = 0,
-        headers: Any = None,
-    ) -> DeliveryFuture:
-        """``TransactionalProducer.send`` inside this dual write."""
-        return self._producer.send(topic, value, key, partition, timestamp, headers)
+        self.produce = producer.produce
+        self.send = producer.send
 
 
 class DualWriter:

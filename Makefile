@@ -1,5 +1,5 @@
 # Two entry points, both self-contained on a fresh machine (see README.md):
-#   make run   - set up, then run the main job (the verified exactly-once demo)
+#   make run   - set up, then run the main job (kafka-txn demo: crashes injected, verified)
 #   make test  - set up, then run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: setup
-	$(PY) scripts/demo.py
+	$(VENV)/bin/kafka-txn demo
 
 test: setup
 	$(PY) -m pytest

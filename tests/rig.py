@@ -8,19 +8,15 @@ If no broker can be had, this raises: CI fails rather than skipping broker tests
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from importlib import metadata, resources
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafka_txn.testing import LocalBroker
 
 START_TIMEOUT_S = 60.0
 
@@ -100,19 +96,10 @@ class Broker:
         seen.append((msg.key(), msg.value()))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes] | None, log: Path | None) -> None:
+def _wait_ready(bootstrap: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     last: Exception | None = None
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            output = log.read_text(errors="replace") if log else ""
-            raise RuntimeError(f"the broker exited with {proc.returncode}:\n{output}")
         try:
             AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=2)
             return
@@ -122,58 +109,10 @@ def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes] | None, log: Path 
     raise RuntimeError(f"broker at {bootstrap} not ready after {START_TIMEOUT_S}s: {last}")
 
 
-def _noida_binary() -> Path:
-    binary = Path(str(resources.files("noida_db").joinpath("noida-db")))
-    if not binary.is_file():
-        raise RuntimeError(f"noida-db binary missing at {binary}: pip install 'kafka-txn[test]'")
-    binary.chmod(0o755)
-    return binary
-
-
 def start_noida() -> Broker:
-    """Start noida-db's Kafka service alone, on 127.0.0.1 and a free port. Its binary is
-    started directly (not through the Python wrapper) so that its PID is what we stop."""
-    version = metadata.version("noida-db")
-    data_dir = Path(tempfile.mkdtemp(prefix="kafka-txn-noida-"))
-    log_path = data_dir / "noida.log"
-    port = _free_port()
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [
-                str(_noida_binary()),
-                "start",
-                "--data-dir",
-                str(data_dir / "data"),
-                "--host",
-                "127.0.0.1",
-                "--only",
-                "kafka",
-                "--kafka-port",
-                str(port),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        shutil.rmtree(data_dir, ignore_errors=True)
-
-    bootstrap = f"127.0.0.1:{port}"
-    try:
-        _wait_ready(bootstrap, proc, log_path)
-    except BaseException:
-        stop()
-        raise
-    return Broker(bootstrap, f"local noida-db {version} (pid {proc.pid})", stop)
+    """The local noida-db (kafka_txn.testing.LocalBroker), started for this session."""
+    local = LocalBroker()
+    return Broker(local.bootstrap_servers, local.description, local.stop)
 
 
 def _docker_answers() -> bool:
@@ -192,7 +131,7 @@ def start_testcontainers() -> Broker:
     container = KafkaContainer().with_kraft()
     container.start()
     bootstrap = container.get_bootstrap_server()
-    _wait_ready(bootstrap, None, None)
+    _wait_ready(bootstrap)
     return Broker(bootstrap, f"testcontainers Kafka ({container.image})", container.stop)
 
 
@@ -200,7 +139,7 @@ def start_broker() -> Broker:
     """The broker the whole test session uses, chosen in the documented order."""
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if external:
-        _wait_ready(external, None, None)
+        _wait_ready(external)
         return Broker(external, f"KAFKA_BOOTSTRAP_SERVERS={external} (real cluster)")
     if _docker_answers():
         return start_testcontainers()

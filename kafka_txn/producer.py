@@ -47,6 +47,7 @@ from .errors import (
     TransactionOutcomeUnknownError,
 )
 from .futures import _PENDING, DeliveryFuture
+from .metrics import MetricsHook, timed
 from .recovery import TransactionOutcome, check_belongs, recover
 from .state import PreparedTxnState
 from .twophase import DEFAULT_STATISTICS_INTERVAL_MS, TwoPhase
@@ -130,7 +131,8 @@ class TransactionalProducer:
     also offers ``prepare_transaction()``, ``complete_transaction()`` and
     ``init_transactions(keep_prepared_txn=True)``; ``prepare_min_time_left`` (default: a
     fifth of ``transaction.timeout.ms``, at least 1 s) is how much of the transaction
-    timeout must remain for prepare to succeed.
+    timeout must remain for prepare to succeed. ``metrics`` receives every transactional
+    operation's duration and outcome and every failed record (``kafka_txn.metrics``).
     """
 
     def __init__(
@@ -142,6 +144,7 @@ class TransactionalProducer:
         operation_timeout: float | None = None,
         queue_full_timeout: float = 60.0,
         prepare_min_time_left: float | None = None,
+        metrics: MetricsHook | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         validated = validate_config(config)
@@ -155,6 +158,7 @@ class TransactionalProducer:
                 f"operation_timeout={operation_timeout!r} must be a positive number of seconds"
             )
         self._queue_full_timeout = queue_full_timeout
+        self._metrics = metrics
         self._prepare_min_time_left = (
             prepare_min_time_left
             if prepare_min_time_left is not None
@@ -237,7 +241,7 @@ class TransactionalProducer:
         touch the coordinator yet: a transaction a crashed process prepared stays open
         until ``complete_transaction(stored_state)`` settles it; only then are
         transactions initialised (and zombies fenced)."""
-        with self._lock:
+        with self._lock, timed(self._metrics, "init_transactions"):
             self._require((_State.NEW,), "init_transactions")
             if keep_prepared_txn:
                 self._two_phase("init_transactions(keep_prepared_txn=True)")
@@ -254,7 +258,7 @@ class TransactionalProducer:
 
     def begin_transaction(self) -> None:
         """Start a transaction; records sent until commit or abort belong to it."""
-        with self._lock:
+        with self._lock, timed(self._metrics, "begin_transaction"):
             self._require((_State.READY,), "begin_transaction")
             self._drain()
             self._first_failure = None
@@ -358,7 +362,7 @@ class TransactionalProducer:
         non-fatal failure (abort and retry), ``FatalError`` when the producer is dead, and
         ``TransactionOutcomeUnknownError`` when retriable errors outlast the deadline (call
         ``commit_transaction()`` again; never abort then)."""
-        with self._lock:
+        with self._lock, timed(self._metrics, "commit_transaction"):
             if self._state is _State.ABORTABLE:
                 raise self._commit_failed(self._abortable)
             if self._state is _State.RECOVERING:
@@ -382,7 +386,7 @@ class TransactionalProducer:
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the open transaction: nothing of it becomes visible to read_committed
         consumers, and records still queued fail with TRANSACTION_FAILED."""
-        with self._lock:
+        with self._lock, timed(self._metrics, "abort_transaction"):
             if self._state is _State.COMMITTING:
                 raise IllegalStateError(
                     "abort_transaction() refused: a commit_transaction() call ran out of time "
@@ -419,7 +423,7 @@ class TransactionalProducer:
         Afterwards only ``complete_transaction``/``commit_transaction``/
         ``abort_transaction`` are allowed. A transaction that sent nothing prepares to
         the empty state."""
-        with self._lock:
+        with self._lock, timed(self._metrics, "prepare_transaction"):
             twophase = self._two_phase("prepare_transaction")
             if self._state is _State.ABORTABLE and self._abortable is not None:
                 self._refuse_send("prepare_transaction")
@@ -499,13 +503,14 @@ class TransactionalProducer:
         with self._lock:
             twophase = self._two_phase("complete_transaction")
             if self._state is _State.RECOVERING:
-                cluster = self._cluster_id(time.monotonic() + self._operation_timeout)
-                check_belongs(state, self.transactional_id, cluster)
-                outcome = twophase.call(
-                    "complete_transaction",
-                    partial(recover, twophase.client, state, cluster),
-                    recovering=True,
-                )
+                with timed(self._metrics, "recovery"):
+                    cluster = self._cluster_id(time.monotonic() + self._operation_timeout)
+                    check_belongs(state, self.transactional_id, cluster)
+                    outcome = twophase.call(
+                        "complete_transaction",
+                        partial(recover, twophase.client, state, cluster),
+                        recovering=True,
+                    )
                 if before_init is not None:
                     before_init(outcome)
                 self._init_librdkafka(timeout)
@@ -930,6 +935,8 @@ class TransactionalProducer:
 
     def _record_failure(self, failure: ProduceFailedException) -> None:
         self._failed_records += 1
+        if self._metrics is not None:
+            self._metrics.record_failed(failure.failure_type)
         # A purged record is a consequence of the transaction failing, never its cause.
         if self._first_failure is None and failure.kafka_error.code() not in _PURGED:
             self._first_failure = failure

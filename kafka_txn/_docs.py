@@ -1,11 +1,14 @@
-"""Regenerates the parts of docs/errors.md that come from the code: the exception tree
-(errors.py's docstring) and the error table (classification.py).
+"""Regenerates the docs that come from the code: in docs/errors.md the exception tree
+(errors.py's docstring) and the error table (classification.py); docs/api.md, the API
+reference, from the public names' signatures and docstrings. Tests fail on drift.
 
-``python -m kafka_txn._docs [docs/errors.md]``
+``python -m kafka_txn._docs``
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import sys
 from pathlib import Path
 from typing import Final
@@ -13,7 +16,17 @@ from typing import Final
 from . import errors
 from .classification import render_markdown
 
-DEFAULT_TARGET = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DEFAULT_TARGET = DOCS / "errors.md"
+
+API_MODULES = (
+    "kafka_txn",
+    "kafka_txn.dualwrite",
+    "kafka_txn.spark",
+    "kafka_txn.eos",
+    "kafka_txn.metrics",
+    "kafka_txn.testing",
+)
 
 
 def _tree() -> str:
@@ -41,6 +54,52 @@ def update_docs(text: str) -> str:
     return text
 
 
+def _summary(obj: object) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return doc.split("\n\n")[0].replace("\n", " ")
+
+
+def _signature(obj: object) -> str:
+    try:
+        return str(inspect.signature(obj))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return ""
+
+
+def render_api() -> str:
+    """docs/api.md: every public name with its signature and the first paragraph of its
+    docstring; classes with their public methods."""
+    out = [
+        "# API reference",
+        "",
+        "Generated from the docstrings by `python -m kafka_txn._docs`; a test fails when it",
+        "drifts. The guides are [index.md](index.md) and the pages it links.",
+        "",
+    ]
+    for name in API_MODULES:
+        module = importlib.import_module(name)
+        out += [f"## `{name}`", "", _summary(module), ""]
+        for public in getattr(module, "__all__", ()):
+            obj = getattr(module, public)
+            if name != "kafka_txn" and getattr(obj, "__module__", name) != name:
+                continue  # documented where it is defined
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                out.append(f"### `{public}{_signature(obj)}`")
+                out += ["", _summary(obj) or "(no docstring)", ""]
+                if inspect.isclass(obj) and not issubclass(obj, BaseException):
+                    for meth_name, meth in inspect.getmembers(obj):
+                        if meth_name.startswith("_") or not callable(meth):
+                            continue
+                        if meth_name in vars(obj):
+                            out.append(f"- `{meth_name}{_signature(meth)}`: {_summary(meth)}")
+                    out.append("")
+            else:
+                shown = repr(obj) if hasattr(obj, "__origin__") else type(obj).__name__
+                out += [f"### `{public}`", "", f"`{shown}`", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
 if __name__ == "__main__":  # pragma: no cover
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_TARGET
     target.write_text(update_docs(target.read_text()))
+    (DOCS / "api.md").write_text(render_api())

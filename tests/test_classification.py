@@ -104,6 +104,14 @@ def test_unknown_code_is_fatal_but_keeps_its_code():
     assert isinstance(exc, TransactionAbortableError)
 
 
+def test_api_reference_is_generated_from_the_docstrings():
+    from kafka_txn._docs import render_api
+
+    assert (DOCS.parent / "api.md").read_text() == render_api(), (
+        "docs/api.md drifted from the docstrings: run `python -m kafka_txn._docs`"
+    )
+
+
 def test_docs_are_generated_from_the_code():
     text = DOCS.read_text()
     assert update_docs(text) == text, (

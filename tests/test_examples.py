@@ -89,28 +89,6 @@ def test_consume_process_produce_stops_on_fatal_error(broker):
     assert len(outcome) == 1 and isinstance(outcome[0], FatalError), outcome
 
 
-def test_main_job_verifies_exactly_once(broker):
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers}
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "demo.py"),
-            "--records",
-            "300",
-            "--fail-once-at",
-            "120",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "VERIFIED: exactly once" in done.stdout
-    assert "missing: 0, duplicated: 0, group offsets committed: 300/300" in done.stdout
-
-
 @pytest.mark.parametrize("argv", [[], ["--bootstrap-servers", "x"]])
 def test_example_requires_its_options(argv, capsys):
     with pytest.raises(SystemExit) as info:

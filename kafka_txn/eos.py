@@ -197,11 +197,7 @@ class ExactlyOnceProcessor:
             while not self._stop.is_set():
                 if max_batches is not None and self.stats.transactions >= max_batches:
                     break
-                batch = [
-                    m
-                    for m in self.consumer.consume(self.batch_size, self.poll_timeout)
-                    if m.error() is None
-                ]
+                batch = self._consume()
                 if not batch:
                     if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
                         break
@@ -214,6 +210,18 @@ class ExactlyOnceProcessor:
             raise
         finally:
             self.close()
+
+    def _consume(self) -> list[Message]:
+        batch = []
+        for msg in self.consumer.consume(self.batch_size, self.poll_timeout):
+            err = msg.error()
+            if err is None:
+                batch.append(msg)
+            elif err.fatal():
+                raise FatalError(f"consumer failed: {err.str()}", kafka_error=err)
+            else:  # informational (e.g. a partition EOF, a broker going away)
+                log.info("consumer: %s", err.str())
+        return batch
 
     def close(self) -> None:
         """Close both clients (idempotent)."""

@@ -126,9 +126,16 @@ def _docker_answers() -> bool:
 
 
 def start_testcontainers() -> Broker:
-    from testcontainers.kafka import KafkaContainer
+    from testcontainers.community.kafka import KafkaContainer
 
-    container = KafkaContainer().with_kraft()
+    # A single broker: the transaction log must not ask for three replicas, or every
+    # transactional producer would wait forever for its coordinator.
+    container = (
+        KafkaContainer("confluentinc/cp-kafka:7.6.0")  # Kafka 3.6: DescribeTransactions
+        .with_kraft()
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+    )
     container.start()
     bootstrap = container.get_bootstrap_server()
     _wait_ready(bootstrap)

@@ -11,9 +11,10 @@ States and the calls each allows::
     NEW --init_transactions(keep_prepared_txn=True)--> RECOVERING --complete--> READY
     any --fatal error--> FATAL --close--> CLOSED;  any --close--> CLOSED
 
-Delivery reports reach one bound method set as librdkafka's default ``on_delivery``; it
-does no work for a delivered record and keeps no object per record, so a transaction of
-any size holds nothing in Python once its records are delivered.
+Delivery reports of records sent without a callback go to a dict's C-level
+``setdefault`` (no Python frame per record); failures are turned into
+``ProduceFailedException`` after each call that serves callbacks. Nothing is kept per
+delivered record, so a transaction of any size holds no Python objects once delivered.
 """
 
 from __future__ import annotations

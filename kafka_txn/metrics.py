@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,12 +36,17 @@ class MetricsHook(Protocol):
         """One record failed."""
 
 
+_UNTIMED: AbstractContextManager[None] = nullcontext()
+
+
+def timed(hook: MetricsHook | None, name: str) -> AbstractContextManager[None]:
+    """Report the enclosed operation to ``hook``; without one, a shared no-op context
+    (no generator per transaction on the producer's path)."""
+    return _UNTIMED if hook is None else _timed(hook, name)
+
+
 @contextmanager
-def timed(hook: MetricsHook | None, name: str) -> Iterator[None]:
-    """Report the enclosed operation to ``hook`` (nothing without one)."""
-    if hook is None:
-        yield
-        return
+def _timed(hook: MetricsHook, name: str) -> Iterator[None]:
     start = time.perf_counter()
     ok = False
     try:

@@ -231,7 +231,10 @@ class DualWriter:
                 conn.commit()
 
             outcome = self.producer.complete_transaction(stored, before_init=settle)
-        log.info("dual writer %r started: %s", self.transactional_id, outcome.value)
+        log.info(
+            "dual writer %r started: %s", self.transactional_id, outcome.value,
+            extra={"transactional_id": self.transactional_id, "outcome": outcome.value},
+        )  # fmt: skip
         self._started = True
         return outcome
 

@@ -735,7 +735,10 @@ class TransactionalProducer:
             except KafkaException as first:
                 if not _is_retriable(first):
                     raise
-                log.info("%s: %s; retrying until %gs pass", operation, first.args[0], budget)
+                log.info(
+                    "%s: %s; retrying until %gs pass", operation, first.args[0], budget,
+                    extra={"transactional_id": self.transactional_id, "operation": operation},
+                )  # fmt: skip
                 retrying = tenacity.Retrying(
                     retry=tenacity.retry_if_exception(_is_retriable),
                     stop=tenacity.stop_after_delay(max(0.0, deadline - time.monotonic())),
@@ -847,7 +850,11 @@ class TransactionalProducer:
     def _enter_fatal(self, exc: FatalError) -> None:
         if self._fatal is None:
             self._fatal = exc
-            log.error("producer %r is now unusable: %s", self.transactional_id, exc)
+            log.error(
+                "producer %r is now unusable: %s", self.transactional_id, exc,
+                extra={"transactional_id": self.transactional_id,
+                       "error_code": exc.kafka_error.name()},
+            )  # fmt: skip
         if self._state is not _State.CLOSED:
             self._state = _State.FATAL
 

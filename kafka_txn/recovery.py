@@ -85,7 +85,10 @@ def recover(
     """Settle ``stored`` from a fresh process; see the module docstring."""
     tid = client.transactional_id
     if stored.is_empty or stored.completed:
-        log.info("recovery of %r: stored state %r needs no commit", tid, str(stored))
+        log.info(
+            "recovery of %r: stored state %r needs no commit", tid, str(stored),
+            extra={"transactional_id": tid, "outcome": "nothing_to_commit"},
+        )  # fmt: skip
         return TransactionOutcome.NOTHING_TO_COMMIT
     check_belongs(stored, tid, cluster_id)
     if stored.txn_start_ms is None:
@@ -128,7 +131,10 @@ def recover(
             # A newer transaction ran under the same pid/epoch, which needs the stored one
             # to have ended; the database committed it, so it was committed (the design's
             # rule). That newer one, if still open, is aborted by init_transactions().
-            log.info("recovery of %r: a newer transaction ran; %s was committed", tid, stored)
+            log.info(
+                "recovery of %r: a newer transaction ran; %s was committed", tid, stored,
+                extra={"transactional_id": tid, "outcome": "already_committed"},
+            )  # fmt: skip
             return TransactionOutcome.ALREADY_COMMITTED
         raise diverged("the coordinator reports an older transaction than the stored one")
     if seen.state in _COMMITTED_STATES:
@@ -152,5 +158,8 @@ def recover(
         raise FatalError(
             f"EndTxn(commit) for {tid!r} failed: {exc}", kafka_error=exc.kafka_error
         ) from exc
-    log.info("recovery of %r committed %s", tid, stored)
+    log.info(
+        "recovery of %r committed %s", tid, stored,
+        extra={"transactional_id": tid, "outcome": "committed"},
+    )  # fmt: skip
     return TransactionOutcome.COMMITTED

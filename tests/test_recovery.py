@@ -202,3 +202,13 @@ def test_state_of_another_transactional_id_or_cluster_is_refused(broker, topic, 
     assert _recover(producer_config, state) is TransactionOutcome.COMMITTED
     assert broker.read_committed(topic, expected=1) == [(None, b"in-doubt")]
     p.close()
+
+
+def test_recovery_logs_carry_structured_fields(broker, topic, producer_config, caplog):
+    p, state = _prepared(producer_config, topic)
+    with caplog.at_level("INFO", logger="kafka_txn.recovery"):
+        assert _recover(producer_config, state) is TransactionOutcome.COMMITTED
+    [record] = [r for r in caplog.records if r.name == "kafka_txn.recovery"]
+    assert record.transactional_id == producer_config["transactional.id"]
+    assert record.outcome == "committed"
+    p.close()

@@ -49,7 +49,7 @@ from .errors import (
 )
 from .futures import _PENDING, DeliveryFuture
 from .metrics import MetricsHook, timed
-from .recovery import TransactionOutcome, check_belongs, recover
+from .recovery import TransactionOutcome, recover
 from .state import PreparedTxnState
 from .twophase import DEFAULT_STATISTICS_INTERVAL_MS, TwoPhase
 
@@ -506,7 +506,6 @@ class TransactionalProducer:
             if self._state is _State.RECOVERING:
                 with timed(self._metrics, "recovery"):
                     cluster = self._cluster_id(time.monotonic() + self._operation_timeout)
-                    check_belongs(state, self.transactional_id, cluster)
                     outcome = twophase.call(
                         "complete_transaction",
                         partial(recover, twophase.client, state, cluster),
@@ -871,17 +870,12 @@ class TransactionalProducer:
             return exc
         return exc.__cause__
 
-    def _commit_failed(self, cause: KafkaTxnError | KafkaException | None) -> KafkaTxnError:
+    def _commit_failed(self, cause: KafkaTxnError | None) -> KafkaTxnError:
         if self._fatal is not None:
             return self._fatal.with_traceback(None)
         if cause is None:  # pragma: no cover - state machine invariant
             cause = TransactionAbortableError("the transaction failed")
-        if isinstance(cause, KafkaTxnError):
-            err, root = cause.kafka_error, self._root_exception(cause)
-            reason = cause.message
-        else:
-            err, root = cause.args[0], cause
-            reason = f"{err.str()} ({err.name()})"
+        err, root, reason = cause.kafka_error, self._root_exception(cause), cause.message
         if self._failed_records > 1:
             reason += f"; at least {self._failed_records} records failed"
         exc = CommitFailedException(
@@ -894,12 +888,8 @@ class TransactionalProducer:
         return exc
 
     def _drain(self) -> None:
-        try:
-            self._call("poll", self._producer.poll, 0)
-        except KafkaException:
-            if self._fatal is not None:
-                raise self._fatal.with_traceback(None) from None
-            raise
+        """Serve whatever callbacks are queued (_call surfaces a fatal error they bring)."""
+        self._call("poll", self._producer.poll, 0)
 
     # ------------------------------------------------------------------ record path
     def _chain(self, user_cb: DeliveryCallback) -> Callable[[KafkaError | None, Message], None]:
@@ -995,46 +985,30 @@ class TransactionalProducer:
         timestamp: int,
         headers: Any,
     ) -> None:
-        """The slow path of produce()/send(): queue full, a record librdkafka refused, or
-        arguments of the wrong type."""
-        if isinstance(exc, BufferError):
-            self._produce_when_room(topic, value, key, partition, cb, timestamp, headers)
-            return
+        """The slow path of produce()/send(): a record librdkafka refused, arguments of
+        the wrong type, or a full queue, where it serves delivery reports until there is
+        room, like Java's send() blocking up to max.block.ms."""
+        deadline = time.monotonic() + self._queue_full_timeout
+        while isinstance(exc, BufferError):
+            if time.monotonic() >= deadline:
+                err = KafkaError(
+                    KafkaError._QUEUE_FULL,
+                    f"local queue still full after {self._queue_full_timeout:g}s",
+                )
+                failure = produce_failure(err, topic, partition, key)
+                self._record_failure(failure)
+                raise failure from None
+            self.poll(0.05)
+            try:
+                self._produce(topic, value, key, partition, cb, None, timestamp, headers)
+                return
+            except Exception as again:  # dispatched below, like the first failure
+                exc = again
         if isinstance(exc, KafkaException):
             raise self._sync_failure(exc, topic, partition, key) from exc
         if isinstance(exc, TypeError):
             raise self._type_error(exc, key, value) from None
         raise exc
-
-    def _produce_when_room(
-        self,
-        topic: str,
-        value: Any,
-        key: Any,
-        partition: int,
-        cb: Callable[..., None] | None,
-        timestamp: int,
-        headers: Any,
-    ) -> None:
-        """librdkafka's queue is full: serve delivery reports until there is room, like
-        Java's send() blocking up to max.block.ms."""
-        deadline = time.monotonic() + self._queue_full_timeout
-        while True:
-            self.poll(0.05)
-            try:
-                self._produce(topic, value, key, partition, cb, None, timestamp, headers)
-                return
-            except BufferError:
-                if time.monotonic() >= deadline:
-                    err = KafkaError(
-                        KafkaError._QUEUE_FULL,
-                        f"local queue still full after {self._queue_full_timeout:g}s",
-                    )
-                    failure = produce_failure(err, topic, partition, key)
-                    self._record_failure(failure)
-                    raise failure from None
-            except KafkaException as exc:
-                raise self._sync_failure(exc, topic, partition, key) from exc
 
     def _serialize(self, topic: str, key: Any, value: Any, headers: Any) -> tuple[Any, Any]:
         field = MessageField.KEY

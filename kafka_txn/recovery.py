@@ -84,13 +84,13 @@ def recover(
 ) -> TransactionOutcome:
     """Settle ``stored`` from a fresh process; see the module docstring."""
     tid = client.transactional_id
+    check_belongs(stored, tid, cluster_id)  # a foreign state row is refused, even completed
     if stored.is_empty or stored.completed:
         log.info(
             "recovery of %r: stored state %r needs no commit", tid, str(stored),
             extra={"transactional_id": tid, "outcome": "nothing_to_commit"},
         )  # fmt: skip
         return TransactionOutcome.NOTHING_TO_COMMIT
-    check_belongs(stored, tid, cluster_id)
     if stored.txn_start_ms is None:
         raise InvalidPreparedStateError(
             f"the stored state {str(stored)!r} has no transaction start time, so it cannot "

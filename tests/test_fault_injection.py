@@ -165,3 +165,33 @@ def test_produce_after_an_unseen_record_failure_is_abortable_not_fatal(mock_clus
     assert info.value.kafka_error.code() == KafkaError.NOT_ENOUGH_REPLICAS
     p.abort_transaction()
     p.close()
+
+
+def test_full_queue_waits_for_room_then_fails_the_record(mock_cluster, mock_config):
+    p = TransactionalProducer(
+        mock_config(queue_buffering_max_messages=2), operation_timeout=30, queue_full_timeout=0.5
+    )
+    p.init_transactions()
+    p.begin_transaction()
+    for i in range(50):  # room is made by serving delivery reports: all get through
+        p.produce("t", b"%d" % i, partition=0)
+    for broker_id in (1, 2, 3):  # now nothing can be delivered, so no room is made
+        mock_cluster.set_broker_down(broker_id)
+    failure = None
+    for i in range(3):  # at most two records fit in the queue
+        try:
+            p.produce("t", b"no room", key=b"k%d" % i, partition=0)
+        except ProduceFailedException as exc:
+            failure = exc
+            break
+    assert failure is not None, "a full queue must fail the record after queue_full_timeout"
+    assert failure.kafka_error.code() == KafkaError._QUEUE_FULL
+    assert failure.failure_type is FailureType.DELIVERY_FAILED
+    assert failure.key == b"k%d" % i
+    with pytest.raises(CommitFailedException) as commit:
+        p.commit_transaction(timeout=5)
+    assert commit.value.__cause__ is failure
+    for broker_id in (1, 2, 3):
+        mock_cluster.set_broker_down(broker_id, down=False)
+    p.abort_transaction()
+    p.close()

@@ -45,7 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError
 
-from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings, validate_config
+from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings
 from .errors import ConfigurationError, DatabaseCommitUnknownError, FatalError, KafkaTxnError
 from .jdbc import jdbc_to_sqlalchemy
 from .producer import TransactionalProducer
@@ -160,7 +160,6 @@ class DualWriter:
         on_step: Callable[[str], None] | None = None,
         **producer_options: Any,
     ) -> None:
-        self.transactional_id = validate_config(producer_config).transactional_id
         conf = (
             producer_config.to_librdkafka()
             if isinstance(producer_config, ProducerSettings)
@@ -206,7 +205,8 @@ class DualWriter:
         )
         self._create = create_state_table
         self._on_step = on_step
-        self.producer = TransactionalProducer(conf, **producer_options)
+        self.producer = TransactionalProducer(conf, **producer_options)  # validates conf
+        self.transactional_id = self.producer.transactional_id
         self._started = False
         self._broken: KafkaTxnError | None = None
 

@@ -244,6 +244,7 @@ class KafkaJdbcSink:
             raise ConfigurationError("insert_batch_size must be >= 1")
         self.insert_batch_size = insert_batch_size
         self.on_step = on_step
+        self._tables_ready: set[tuple[str, ...]] = set()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch`` entry point."""
@@ -257,13 +258,17 @@ class KafkaJdbcSink:
         df.foreachPartition(_PartitionWriter(self, batch_id, mapping))
 
     def _create_tables(self, mapping: _Mapping) -> None:
-        """DDL on the driver, once per batch, so that executors never race on it."""
+        """DDL on the driver, so that executors never race on it; once per schema, not
+        once per micro-batch."""
+        if mapping.db_columns in self._tables_ready:
+            return
         engine = engine_for(self.url or "", self.user, self.password)
         try:
             _data_table(self.dbtable or "", mapping).create(engine, checkfirst=True)
             _commits_table(self.commits_table).create(engine, checkfirst=True)
         finally:
             engine.dispose()
+        self._tables_ready.add(mapping.db_columns)
 
 
 class _PartitionWriter:

@@ -185,21 +185,15 @@ class BrokerConnection:
         if got != correlation:
             self.close()
             raise ProtocolError(f"correlation id {got} != {correlation} from {self.host}")
-        offset = 4
         # Response header v1 (tagged fields) for flexible versions, except ApiVersions,
         # whose response header is always v0 (KIP-511).
-        if flexible and api.key != API_VERSIONS.key:
-            offset += 1 if data[offset] == 0 else self._tagged_size(data, offset)
         try:
-            return decode(api.responses[version], data[offset:], flexible)
+            tags = Reader(data[4:])
+            if flexible and api.key != API_VERSIONS.key:
+                tags.skip_tagged_fields()
+            return decode(api.responses[version], data[4 + tags.pos :], flexible)
         except ValueError as exc:
             raise ProtocolError(f"unreadable {api.name} v{version} response: {exc}") from exc
-
-    @staticmethod
-    def _tagged_size(data: bytes, offset: int) -> int:
-        r = Reader(data[offset:])
-        r.skip_tagged_fields()
-        return r.pos
 
     def _read(self, size: int) -> bytes:
         chunks = []

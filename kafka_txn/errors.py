@@ -82,10 +82,6 @@ class FailureType(str, enum.Enum):
     """The transaction failed around the record (fenced, invalid state, purged by abort)."""
 
 
-def _state_error(message: str) -> KafkaError:
-    return KafkaError(KafkaError._STATE, message)
-
-
 class KafkaTxnError(KafkaException):
     """Base class of every exception raised by kafka-txn."""
 
@@ -210,7 +206,7 @@ class IllegalStateError(KafkaTxnError):
 
     @staticmethod
     def _default_root(message: str) -> KafkaError:
-        return _state_error(message)
+        return KafkaError(KafkaError._STATE, message)
 
 
 class ConfigurationError(KafkaTxnError, ValueError):

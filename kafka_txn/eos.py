@@ -151,6 +151,12 @@ class ExactlyOnceProcessor:
             raise ConfigurationError("consumer_config needs group.id (offsets commit to it)")
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be >= 1")
+        if not topics or isinstance(topics, str):
+            raise ConfigurationError(
+                f"topics must be a non-empty list of topic names, got {topics!r}"
+            )
+        if batch_size < 1:
+            raise ConfigurationError("batch_size must be >= 1")
         for key in ("enable.auto.commit", "isolation.level"):
             if key in consumer_config:
                 raise ConfigurationError(

@@ -185,3 +185,28 @@ def test_rebalance_loses_and_duplicates_nothing(broker):
     assert _committed(broker, group, source, 4) == _positions_after_last_record(broker, source, 400)
     for name, result in results.items():  # a stop is only ever a KIP-691 fatal error
         assert not isinstance(result, BaseException) or isinstance(result, FatalError), name
+
+
+@pytest.mark.parametrize(
+    ("consumer", "kwargs", "needle"),
+    [
+        ({}, {}, "group.id"),
+        ({"group.id": "g", "enable.auto.commit": True}, {}, "enable.auto.commit is set by"),
+        ({"group.id": "g"}, {"max_attempts": 0}, "max_attempts"),
+        ({"group.id": "g"}, {"topics": "orders"}, "non-empty list"),
+        ({"group.id": "g"}, {"topics": []}, "non-empty list"),
+        ({"group.id": "g"}, {"batch_size": 0}, "batch_size"),
+    ],
+)
+def test_bad_processor_settings_are_refused(consumer, kwargs, needle):
+    from kafka_txn import ConfigurationError
+
+    topics = kwargs.pop("topics", ["t"])
+    with pytest.raises(ConfigurationError, match=needle):
+        ExactlyOnceProcessor(
+            {"bootstrap.servers": "127.0.0.1:1", **consumer},
+            {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "x"},
+            topics,
+            lambda r: [],
+            **kwargs,
+        )

@@ -24,6 +24,8 @@ from .errors import (
     ProducerFencedError,
     TransactionAbortableError,
     TransactionDivergedError,
+    TransactionInDoubtError,
+    TransactionOutcomeUnknowableError,
     TransactionOutcomeUnknownError,
     UnsupportedBrokerError,
 )
@@ -81,7 +83,9 @@ __all__ = [
     "Serializer",
     "TransactionAbortableError",
     "TransactionDivergedError",
+    "TransactionInDoubtError",
     "TransactionOutcome",
+    "TransactionOutcomeUnknowableError",
     "TransactionOutcomeUnknownError",
     "TransactionalProducer",
     "UnsupportedBrokerError",

@@ -13,8 +13,13 @@ for confluent-kafka's own exceptions::
           ├── ProduceFailedException    one record failed; .failure_type says how
           ├── TransactionOutcomeUnknownError
           │                             commit/abort ran out of time; the outcome is unknown
-          ├── TransactionDivergedError  recovery: Kafka no longer holds what the database
-          │                             committed (expired, fenced, aborted)
+          ├── TransactionInDoubtError   the commit of a PREPARED transaction did not
+          │                             complete: never aborted, recovery settles it
+          ├── TransactionDivergedError  recovery: Kafka provably lost what the database
+          │                             committed (timed out, fenced, aborted)
+          ├── TransactionOutcomeUnknowableError
+          │                             recovery: Kafka forgot the transaction (expired
+          │                             id, history gone); whether it committed is unknown
           ├── UnsupportedBrokerError    the broker lacks an API two-phase commit needs
           ├── DatabaseCommitUnknownError
           │                             dual write: the database COMMIT's outcome is unknown
@@ -54,6 +59,8 @@ __all__ = [
     "ProducerFencedError",
     "TransactionAbortableError",
     "TransactionDivergedError",
+    "TransactionInDoubtError",
+    "TransactionOutcomeUnknowableError",
     "TransactionOutcomeUnknownError",
     "UnsupportedBrokerError",
 ]
@@ -114,6 +121,14 @@ class KafkaTxnError(KafkaException):
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only context does not survive BaseException's default pickling.
         return (_rebuild, (type(self), self.message, self._kwargs()))
+
+
+def root_exception(exc: KafkaTxnError) -> BaseException:
+    """The exception holding ``exc``'s root cause, for a new error to chain from: the
+    wrapping rule's "never a chain of two". A failed record is its own root."""
+    if isinstance(exc, ProduceFailedException) or exc.__cause__ is None:
+        return exc
+    return exc.__cause__
 
 
 def _rebuild(cls: type[KafkaTxnError], message: str, kwargs: dict[str, Any]) -> KafkaTxnError:
@@ -200,6 +215,37 @@ class TransactionOutcomeUnknownError(KafkaTxnError):
         return {**super()._kwargs(), "operation": self.operation}
 
 
+class TransactionInDoubtError(KafkaTxnError):
+    """Raised when committing a PREPARED transaction failed after the external decider
+    (the database) may already have decided "commit". The producer never aborts such a
+    transaction: ``abort_transaction()`` is refused and ``close()`` leaves it open.
+    ``retriable`` says whether ``commit_transaction()`` may simply be called again;
+    otherwise close the producer and recover from the stored state with a fresh one
+    (``init_transactions(keep_prepared_txn=True)`` + ``complete_transaction(stored)``,
+    or ``DualWriter.start()``), which commits it, or reports that Kafka lost it."""
+
+    category = ErrorCategory.FATAL
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kafka_error: KafkaError | None = None,
+        prepared_state: str = "",
+        retriable: bool = False,
+    ) -> None:
+        super().__init__(message, kafka_error=kafka_error)
+        self.prepared_state = prepared_state
+        self.retriable = retriable
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {
+            **super()._kwargs(),
+            "prepared_state": self.prepared_state,
+            "retriable": self.retriable,
+        }
+
+
 class IllegalStateError(KafkaTxnError):
     """Raised for API misuse: a call that the producer's current state does not allow
     (send outside a transaction, begin twice, any call after ``close()``)."""
@@ -218,13 +264,10 @@ class ConfigurationError(KafkaTxnError, ValueError):
         return KafkaError(KafkaError._INVALID_ARG, message)
 
 
-class TransactionDivergedError(KafkaTxnError):
-    """Raised by recovery when the database committed a prepared transaction that Kafka no
-    longer holds: it expired (``transaction.timeout.ms``), was aborted, or a newer producer
-    fenced it. Nothing was committed. Its attributes carry what an operator needs: the
-    transactional id, the stored and the observed producer id/epoch, states and times.
-    The records of that transaction are lost on the Kafka side and must be re-sent from
-    the database."""
+class _RecoveryReport(KafkaTxnError):
+    """Base of the errors recovery raises about a stored state it cannot commit: they
+    carry what an operator needs (the transactional id, the stored state, and what the
+    coordinator reported) as attributes, and pickle with them."""
 
     category = ErrorCategory.FATAL
 
@@ -242,10 +285,6 @@ class TransactionDivergedError(KafkaTxnError):
         self.stored_state = stored_state
         self.observed = observed
 
-    @staticmethod
-    def _default_root(message: str) -> KafkaError:
-        return KafkaError(KafkaError.INVALID_TXN_STATE, message)
-
     def _kwargs(self) -> dict[str, Any]:
         return {
             **super()._kwargs(),
@@ -253,6 +292,32 @@ class TransactionDivergedError(KafkaTxnError):
             "stored_state": self.stored_state,
             "observed": self.observed,
         }
+
+
+class TransactionDivergedError(_RecoveryReport):
+    """Raised by recovery when the coordinator shows that a prepared transaction the
+    database committed was aborted: it timed out (``transaction.timeout.ms``) or a newer
+    producer fenced it. Nothing was committed and nothing of it is visible in Kafka, so
+    its records can be re-sent from the database without creating duplicates."""
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return KafkaError(KafkaError.INVALID_TXN_STATE, message)
+
+
+class TransactionOutcomeUnknowableError(_RecoveryReport):
+    """Raised by recovery when Kafka no longer knows the stored transaction: the
+    transactional id expired (``transactional.id.expiration.ms``, DescribeTransactions
+    answers TRANSACTIONAL_ID_NOT_FOUND), another producer id took it over, or its
+    epoch moved on in a way that erased the history. Whether the transaction committed
+    cannot be learnt from Kafka. Nothing was sent. Do not re-send blindly (that may
+    duplicate) and do not drop it (that may lose): compare the database rows of that
+    transaction with the topic (a read_committed consumer), then store the state
+    ``mark_completed()`` to resume."""
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return KafkaError(KafkaError.INVALID_TXN_STATE, message)
 
 
 class UnsupportedBrokerError(KafkaTxnError):

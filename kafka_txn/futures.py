@@ -33,19 +33,19 @@ _PENDING = _Pending()
 
 
 class _Owner(Protocol):
-    """What a future needs of its producer."""
+    """What a future needs of its producer's delivery bookkeeping
+    (``kafka_txn.delivery.Deliveries``)."""
 
-    _user_on_delivery: Callable[..., None] | None
+    user_on_delivery: Callable[..., None] | None
+    poll: Callable[[float], int]
 
-    def poll(self, timeout: float = 0) -> int: ...
+    def stash_callback_error(self, exc: BaseException) -> None: ...
 
-    def _stash_callback_error(self, exc: BaseException) -> None: ...
-
-    def _on_delivery(
+    def on_delivery(
         self, err: KafkaError | None, msg: Message
     ) -> ProduceFailedException | None: ...
 
-    def _failed_report(self, err: KafkaError, msg: Message) -> ProduceFailedException: ...
+    def failed_report(self, err: KafkaError, msg: Message) -> ProduceFailedException: ...
 
 
 class DeliveryFuture:
@@ -112,10 +112,10 @@ class DeliveryFuture:
             return
         if err is None:
             self._outcome = msg
-            if owner._user_on_delivery is not None:
-                owner._on_delivery(None, msg)
+            if owner.user_on_delivery is not None:
+                owner.on_delivery(None, msg)
         else:
-            self._outcome = owner._failed_report(err, msg)
+            self._outcome = owner.failed_report(err, msg)
         callbacks = self._callbacks
         if callbacks is not None:
             self._callbacks = None
@@ -123,7 +123,7 @@ class DeliveryFuture:
                 try:
                     fn(self)
                 except BaseException as exc:  # raised later, outside librdkafka's stack
-                    owner._stash_callback_error(exc)
+                    owner.stash_callback_error(exc)
 
     def __repr__(self) -> str:
         outcome = self._outcome

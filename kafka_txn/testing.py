@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from importlib import metadata, resources
 from pathlib import Path
 from types import TracebackType
@@ -174,6 +175,11 @@ class MockCluster:
         self.close()
 
 
+DescribeRewrite = Callable[[dict[str, Any]], dict[str, Any]]
+"""Takes one ``transaction_states`` entry of a DescribeTransactions answer (the fields of
+``DESCRIBE_TRANSACTIONS``' response schema) and returns the entry to answer instead."""
+
+
 class FaultProxy:
     """A loopback TCP proxy in front of a real broker that answers chosen requests with an
     error code instead of forwarding them, for the requests of kafka-txn's coordinator
@@ -187,6 +193,12 @@ class FaultProxy:
             proxy.push_errors(ApiKey.END_TXN, KafkaError.PRODUCER_FENCED)
             settings = ConnectionSettings.from_librdkafka(
                 {"bootstrap.servers": proxy.bootstrap_servers})
+
+    It can also rewrite the broker's DescribeTransactions answers
+    (``rewrite_describe``), to show what Apache Kafka would report where the local
+    broker behaves differently (an epoch bump it does not do, an id it has not
+    forgotten), and run a function just before a request goes on (``before``), to
+    interleave another client's actions with the coordinator client's, deterministically.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -196,8 +208,14 @@ class FaultProxy:
         self.port: int = self._server.getsockname()[1]
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
         self._faults: dict[int, collections.deque[int]] = collections.defaultdict(collections.deque)
+        self._hooks: dict[int, collections.deque[Callable[[], None]]] = collections.defaultdict(
+            collections.deque
+        )
+        self._describe_rewrite: DescribeRewrite | None = None
         self.injected: list[tuple[int, int]] = []
         """(api key, error code) of every answer the proxy made up, in order."""
+        self.hook_errors: list[Exception] = []
+        """Exceptions raised by ``before`` functions (the request still goes on)."""
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = [self._server]
         self._closed = False
@@ -207,6 +225,19 @@ class FaultProxy:
         """Answer the next ``len(codes)`` requests of ``api`` with these error codes."""
         with self._lock:
             self._faults[int(api)].extend(codes)
+
+    def rewrite_describe(self, rewrite: DescribeRewrite | None) -> None:
+        """Pass every DescribeTransactions answer from the broker through ``rewrite``
+        (None: forward them unchanged again) until this is called again."""
+        with self._lock:
+            self._describe_rewrite = rewrite
+
+    def before(self, api: ApiKey | int, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (in the proxy's thread) when the next request of ``api`` arrives,
+        before it is forwarded or answered with an injected error; the client waits
+        meanwhile. Several calls queue up, one per request."""
+        with self._lock:
+            self._hooks[int(api)].append(fn)
 
     def close(self) -> None:
         self._closed = True
@@ -241,8 +272,17 @@ class FaultProxy:
                 request = _read_frame(client)
                 api_key, version, correlation = struct.unpack(">hhi", request[:8])
                 with self._lock:
+                    hooks = self._hooks.get(api_key)
+                    hook = hooks.popleft() if hooks else None
+                if hook is not None:
+                    try:
+                        hook()
+                    except Exception as exc:  # reported to the test (hook_errors)
+                        self.hook_errors.append(exc)
+                with self._lock:
                     queue = self._faults.get(api_key)
                     code = queue.popleft() if queue else None
+                    rewrite = self._describe_rewrite
                 if code is not None:
                     self.injected.append((api_key, code))
                     client.sendall(_frame(_error_response(api_key, version, correlation,
@@ -252,6 +292,8 @@ class FaultProxy:
                 response = _read_frame(upstream)
                 if api_key == FIND_COORDINATOR.key:
                     response = self._redirect(version, response)
+                elif api_key == DESCRIBE_TRANSACTIONS.key and rewrite is not None:
+                    response = _rewrite_describe(version, response, rewrite)
                 client.sendall(_frame(response))
         except (OSError, ValueError):
             pass
@@ -270,6 +312,17 @@ class FaultProxy:
         for entry in entries:
             entry["host"], entry["port"] = "127.0.0.1", self.port
         return response[:header_len] + codec.encode(schema, body, flexible)
+
+
+def _rewrite_describe(version: int, response: bytes, rewrite: DescribeRewrite) -> bytes:
+    """A DescribeTransactions answer with each transaction state passed through
+    ``rewrite`` (the API is flexible from v0: response header v1, one tagged-fields byte)."""
+    header_len = 4 + (1 if DESCRIBE_TRANSACTIONS.flexible(version) else 0)
+    schema = DESCRIBE_TRANSACTIONS.responses[version]
+    flexible = DESCRIBE_TRANSACTIONS.flexible(version)
+    body = codec.decode(schema, response[header_len:], flexible)
+    body["transaction_states"] = [rewrite(dict(e)) for e in body["transaction_states"]]
+    return response[:header_len] + codec.encode(schema, body, flexible)
 
 
 def _read_frame(sock: socket.socket) -> bytes:

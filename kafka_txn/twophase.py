@@ -1,5 +1,7 @@
 """What a producer needs for two-phase commit besides librdkafka: its own producer
-id/epoch, a coordinator client, and the translation of coordinator failures.
+id/epoch, a coordinator client, the prepare and recovery steps that talk to the
+coordinator, and the translation of coordinator failures (``coordinator_failure``: the one
+place where they become kafka-txn errors, for prepare, recovery and the CLI).
 
 librdkafka does not expose the producer id and epoch, but its statistics do: the
 top-level ``eos`` object has ``producer_id``, ``producer_epoch``, ``idemp_state`` and
@@ -11,24 +13,43 @@ valid: only the first prepare after an init or abort waits for one.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, Producer
 
+from ._librdkafka import Driver
+from .classification import exception_for
+from .config import ValidatedConfig
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
 from .coordinator.connection import AuthenticationError, ProtocolError
+from .delivery import Deliveries
 from .errors import (
     ConfigurationError,
     FatalError,
     KafkaTxnError,
+    ProducerFencedError,
     TransactionAbortableError,
+    TransactionInDoubtError,
     TransactionOutcomeUnknownError,
+    root_exception,
 )
+from .lifecycle import Lifecycle, State
+from .recovery import TransactionOutcome, recover
 from .state import PreparedTxnState
 
-__all__ = ["DEFAULT_STATISTICS_INTERVAL_MS", "IdentityTracker", "TwoPhase"]
+__all__ = [
+    "DEFAULT_STATISTICS_INTERVAL_MS",
+    "IdentityTracker",
+    "TwoPhase",
+    "coordinator_failure",
+    "prepare_failed",
+]
+
+log = logging.getLogger("kafka_txn.twophase")
 
 T = TypeVar("T")
 
@@ -88,30 +109,157 @@ def _eos(payload: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def coordinator_failure(
+    exc: Exception, operation: str, *, recovering: bool, deadline_s: float
+) -> KafkaTxnError:
+    """The kafka-txn error for a coordinator-client failure that survived its retries.
+
+    Built on the classification table, like every librdkafka error: a code the table
+    calls fatal (fencing, TRANSACTIONAL_ID_AUTHORIZATION_FAILED...) is a ``FatalError``
+    whichever client met it. Otherwise, while preparing, the transaction cannot be
+    prepared (abortable); while recovering, a coordinator that stayed unreachable leaves
+    the outcome unknown (call again), and anything else stops recovery (fatal)."""
+    if isinstance(exc, KafkaTxnError):
+        return exc
+    if isinstance(exc, AuthenticationError):
+        err = KafkaError(KafkaError._AUTHENTICATION, str(exc))
+        return FatalError(
+            f"{operation}: the coordinator client could not authenticate: {exc}; check the "
+            "sasl.*/ssl.* settings",
+            kafka_error=err,
+        )
+    if isinstance(exc, CoordinatorError):
+        err = exc.kafka_error
+        if exc.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+            return FatalError(
+                f"{operation}: not authorized on the transactional id: grant WRITE and "
+                "DESCRIBE on it to this principal",
+                kafka_error=err,
+            )
+        mapped = exception_for(err, operation)
+        if isinstance(mapped, FatalError):
+            return mapped
+        if not recovering:
+            return TransactionAbortableError(
+                f"{operation}: the coordinator refused: {exc}; abort the transaction",
+                kafka_error=err,
+            )
+        if exc.retriable:
+            return _unknown(operation, exc, deadline_s)
+        return FatalError(f"{operation}: {exc}", kafka_error=err)
+    if isinstance(exc, ProtocolError):
+        if not recovering:
+            return TransactionAbortableError(
+                f"{operation}: could not reach the transaction coordinator: {exc}; "
+                "abort the transaction",
+                kafka_error=KafkaError(KafkaError._TRANSPORT),
+            )
+        return _unknown(operation, exc, deadline_s)
+    raise TypeError(f"not a coordinator failure: {exc!r}")  # pragma: no cover
+
+
+def _unknown(operation: str, exc: Exception, deadline_s: float) -> TransactionOutcomeUnknownError:
+    return TransactionOutcomeUnknownError(
+        f"{operation}: the transaction coordinator stayed unreachable for {deadline_s:g}s "
+        f"({exc}), so its outcome is not known yet: call it again, which is safe (a "
+        "repeated recovery finds whatever an earlier attempt did)",
+        kafka_error=KafkaError(KafkaError._TIMED_OUT),
+        operation=operation,
+    )
+
+
+def prepare_failed(reason: str, cause: KafkaTxnError | None = None) -> TransactionAbortableError:
+    """The error of a prepare that cannot go on; the producer must then abort."""
+    exc = TransactionAbortableError(
+        f"prepare_transaction() failed: {reason}; abort the transaction",
+        kafka_error=None if cause is None else cause.kafka_error,
+    )
+    if cause is not None:
+        exc.__cause__ = root_exception(cause)
+    return exc
+
+
 class TwoPhase:
-    """Two-phase-commit helpers owned by one TransactionalProducer."""
+    """Two-phase-commit state and coordinator steps of one TransactionalProducer."""
 
     def __init__(
         self,
         conf: Mapping[str, Any],
         transactional_id: str,
         *,
+        life: Lifecycle,
+        deliveries: Deliveries,
+        io: Driver,
         deadline_s: float,
+        transaction_timeout_s: float,
+        min_time_left_s: float,
         sleep: Callable[[float], None],
         chained_stats: Callable[[str], None] | None,
     ) -> None:
         self.settings = ConnectionSettings.from_librdkafka(conf)  # bad settings raise now
         self.transactional_id = transactional_id
+        self._life = life
+        self._deliveries = deliveries
+        self._io = io
         self.identity = IdentityTracker(chained_stats)
         self.prepared: PreparedTxnState | None = None
+        """The prepared transaction not yet settled (committed, or left for recovery)."""
         self.cluster_id: str | None = None
         self.last_start_ms: int | None = None
         self.last_describe_at = 0.0
+        self.begun_at = 0.0
         self.spacing_wait_s = 0.0
         """Total time space_transactions() slept (for benchmarks and diagnostics)."""
+        self.transaction_timeout_s = transaction_timeout_s
+        self.min_time_left_s = min_time_left_s
         self._deadline_s = deadline_s
         self._sleep = sleep
         self._client: CoordinatorClient | None = None
+
+    @classmethod
+    def configure(
+        cls,
+        conf: dict[str, Any],
+        validated: ValidatedConfig,
+        *,
+        life: Lifecycle,
+        deliveries: Deliveries,
+        io: Driver,
+        deadline_s: float,
+        min_time_left_s: float | None,
+        sleep: Callable[[float], None],
+    ) -> TwoPhase | None:
+        """The producer's TwoPhase when two-phase commit is enabled, else None; sets the
+        statistics settings and callback in ``conf`` that it needs (the producer id and
+        epoch are read from librdkafka's statistics)."""
+        user_stats = validated.callbacks.get("stats_cb")
+        if not validated.two_phase_commit:
+            if user_stats is not None:
+                conf["stats_cb"] = user_stats
+            return None
+        conf.setdefault("statistics.interval.ms", DEFAULT_STATISTICS_INTERVAL_MS)
+        if int(conf["statistics.interval.ms"]) <= 0:
+            raise ConfigurationError(
+                "statistics.interval.ms must be > 0 with two-phase commit: the producer "
+                "id and epoch are read from librdkafka's statistics"
+            )
+        timeout_s = validated.transaction_timeout_ms / 1000.0
+        twophase = cls(
+            conf,
+            validated.transactional_id,
+            life=life,
+            deliveries=deliveries,
+            io=io,
+            deadline_s=deadline_s,
+            transaction_timeout_s=timeout_s,
+            min_time_left_s=(
+                min_time_left_s if min_time_left_s is not None else max(1.0, timeout_s / 5)
+            ),
+            sleep=sleep,
+            chained_stats=None if user_stats is None else partial(deliveries.call_user, user_stats),
+        )
+        conf["stats_cb"] = twophase.identity.on_stats
+        return twophase
 
     @property
     def client(self) -> CoordinatorClient:
@@ -126,6 +274,11 @@ class TwoPhase:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    def begin(self) -> None:
+        """A transaction begins: space it from the previous one, note when it began."""
+        self.space_transactions()
+        self.begun_at = time.monotonic()
 
     def space_transactions(self) -> None:
         """Make sure the next transaction cannot get the previous one's start time.
@@ -142,45 +295,160 @@ class TwoPhase:
             time.sleep(wait)
 
     def call(self, operation: str, fn: Callable[[], T], *, recovering: bool) -> T:
-        """Run a coordinator call, translating what survived its retries: when preparing,
-        every failure leaves the transaction unprepared (abortable); when recovering, a
-        coordinator that stayed unreachable leaves the outcome unknown."""
+        """Run a coordinator call, translating what survived its retries
+        (``coordinator_failure``)."""
         try:
             return fn()
-        except KafkaTxnError:
-            raise
-        except AuthenticationError as exc:
-            raise ConfigurationError(
-                f"{operation}: the coordinator client could not authenticate: {exc}"
+        except (CoordinatorError, ProtocolError, AuthenticationError) as exc:
+            raise coordinator_failure(
+                exc, operation, recovering=recovering, deadline_s=self._deadline_s
             ) from exc
-        except CoordinatorError as exc:
-            if exc.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
-                raise ConfigurationError(
-                    f"{operation}: not authorized on transactional id "
-                    f"{self.transactional_id!r}: grant WRITE and DESCRIBE on it",
-                    kafka_error=exc.kafka_error,
-                ) from exc
-            if not recovering:
-                raise TransactionAbortableError(
-                    f"{operation}: the coordinator refused: {exc}; abort the transaction",
-                    kafka_error=exc.kafka_error,
-                ) from exc
-            if exc.retriable:
-                raise self._unknown(operation, exc) from exc
-            raise FatalError(f"{operation}: {exc}", kafka_error=exc.kafka_error) from exc
-        except ProtocolError as exc:
-            if not recovering:
-                raise TransactionAbortableError(
-                    f"{operation}: could not reach the transaction coordinator: {exc}; "
-                    "abort the transaction",
-                    kafka_error=KafkaError(KafkaError._TRANSPORT),
-                ) from exc
-            raise self._unknown(operation, exc) from exc
 
-    def _unknown(self, operation: str, exc: Exception) -> TransactionOutcomeUnknownError:
-        return TransactionOutcomeUnknownError(
-            f"{operation}: the transaction coordinator stayed unreachable for "
-            f"{self._deadline_s:g}s ({exc}); nothing was decided: call it again",
-            kafka_error=KafkaError(KafkaError._TIMED_OUT),
-            operation=operation,
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, deadline: float, await_sends: Callable[[float], None]) -> PreparedTxnState:
+        """The body of ``prepare_transaction()``, in state PREPARING (sends refused):
+        wait for sends under way, flush, require every record delivered, read this
+        producer's id/epoch, and have the coordinator confirm them (``confirm``). Any
+        failure leaves the transaction abortable (or the producer fatal), never "in
+        transaction", where a commit would bypass the protocol."""
+        try:
+            await_sends(deadline)
+            left = self._io.flush(max(0.0, deadline - time.monotonic()))
+            first_failure = self._deliveries.first_failure
+            if first_failure is not None:
+                raise prepare_failed(f"a record failed: {first_failure}", first_failure)
+            if left:
+                raise prepare_failed(f"{left} records still undelivered")
+            pid, epoch = self.await_identity(self._io.poll, deadline)
+            state = self.confirm(pid, epoch, partial(self.cluster, self._io.producer, deadline))
+        except BaseException as exc:
+            self._prepare_failed(exc)
+            raise
+        self.prepared = state
+        self._life.transition_to(State.PREPARED)
+        return state
+
+    def _prepare_failed(self, exc: BaseException) -> None:
+        if self._life.state is not State.PREPARING:
+            return  # already fatal
+        if isinstance(exc, FatalError):
+            self._life.enter_fatal(exc)
+        elif isinstance(exc, TransactionAbortableError):
+            self._life.enter_abortable(exc)
+        else:
+            cause = exc if isinstance(exc, KafkaTxnError) else None
+            self._life.enter_abortable(prepare_failed(str(exc), cause))
+
+    def commit_prepared(self, timeout: float | None) -> None:
+        """Commit a prepared transaction. From the first attempt on it is in doubt: the
+        external decider may already have decided "commit", so whatever fails now, it is
+        never aborted (KIP-939's completeTransaction contract)."""
+        prepared = self.prepared
+        self._life.transition_to(State.IN_DOUBT)
+        try:
+            self._io.retrying("commit_transaction", self._io.producer.commit_transaction, timeout)
+        except KafkaTxnError as exc:
+            retriable = isinstance(exc, TransactionOutcomeUnknownError)
+            again = "Call commit_transaction() again, or close" if retriable else "Close"
+            raise TransactionInDoubtError(
+                f"commit of the prepared transaction of {self.transactional_id!r} did not "
+                f"complete: {exc.message}. Kafka still holds it prepared, or has committed "
+                f"it; it is not aborted. {again} this producer and recover from the stored "
+                "state with a new one (init_transactions(keep_prepared_txn=True), then "
+                "complete_transaction(stored_state)): that commits it, or raises "
+                "TransactionDivergedError if Kafka aborted it first (transaction.timeout.ms)",
+                kafka_error=exc.kafka_error,
+                prepared_state=str(prepared),
+                retriable=retriable,
+            ) from root_exception(exc)
+        self._life.transition_to(State.READY)
+        self.prepared = None
+
+    def await_identity(self, poll: Callable[[float], int], deadline: float) -> tuple[int, int]:
+        """This producer's id and epoch; waits for a statistics snapshot only after an
+        init or abort (see the module docstring)."""
+        while self.identity.identity is None:
+            if time.monotonic() >= deadline:
+                raise prepare_failed(
+                    "librdkafka sent no statistics with the producer id in time "
+                    "(statistics.interval.ms)"
+                )
+            poll(0.02)
+        return self.identity.identity
+
+    def cluster(self, producer: Producer, deadline: float) -> str | None:
+        """The cluster id (read once), to refuse a state from another cluster."""
+        if self.cluster_id is None:
+            try:
+                metadata = producer.list_topics(timeout=max(1.0, deadline - time.monotonic()))
+                self.cluster_id = metadata.cluster_id
+            except KafkaException as exc:
+                log.warning("could not read the cluster id: %s", exc)
+        return self.cluster_id
+
+    def confirm(self, pid: int, epoch: int, cluster: Callable[[], str | None]) -> PreparedTxnState:
+        """Prepare's coordinator step: the transaction must be open under this
+        producer's id and epoch, with a start time recovery can tell from the previous
+        transaction's, and with enough of ``transaction.timeout.ms`` left."""
+        time_left = self.transaction_timeout_s - (time.monotonic() - self.begun_at)
+        if time_left < self.min_time_left_s:
+            raise prepare_failed(
+                f"only {time_left:.1f}s of transaction.timeout.ms "
+                f"({self.transaction_timeout_s:g}s) left, less than "
+                f"prepare_min_time_left={self.min_time_left_s:g}s: the broker could "
+                "abort it before the decision lands. Raise transaction.timeout.ms or "
+                "send less per transaction"
+            )
+        seen = self.call("prepare_transaction", self.client.describe, recovering=False)
+        self.last_describe_at = time.monotonic()
+        if seen.producer_id != pid or seen.producer_epoch != epoch:
+            raise ProducerFencedError(
+                f"prepare_transaction(): the coordinator holds producer id "
+                f"{seen.producer_id} epoch {seen.producer_epoch} for "
+                f"{self.transactional_id!r}, this producer is {pid}/{epoch}: a newer "
+                "producer took over; close this one",
+                kafka_error=KafkaError(KafkaError.PRODUCER_FENCED),
+            )
+        if seen.state in ("Empty", "CompleteCommit", "CompleteAbort"):
+            return PreparedTxnState.EMPTY  # nothing was sent: nothing to commit
+        if seen.state != "Ongoing":
+            raise prepare_failed(f"the coordinator reports state {seen.state}")
+        if seen.start_time_ms == self.last_start_ms:
+            raise prepare_failed(
+                "the coordinator gives this transaction the start time of the "
+                "previous one, so recovery could not tell them apart"
+            )
+        self.last_start_ms = seen.start_time_ms
+        return PreparedTxnState(
+            transactional_id=self.transactional_id,
+            producer_id=pid,
+            producer_epoch=epoch,
+            txn_start_ms=seen.start_time_ms,
+            cluster_id=cluster(),
+            timeout_ms=int(self.transaction_timeout_s * 1000),
         )
+
+    # ------------------------------------------------------------------ recovery
+    def recover(self, stored: PreparedTxnState) -> TransactionOutcome:
+        """Settle a stored state from a fresh producer, before its init (recovery.py)."""
+        cluster_id = self.cluster(self._io.producer, time.monotonic() + self._deadline_s)
+        return self.call(
+            "complete_transaction",
+            partial(recover, self.client, stored, cluster_id),
+            recovering=True,
+        )
+
+    def settle_kept(self, commit: bool) -> None:
+        """commit_transaction()/abort_transaction() right after
+        init_transactions(keep_prepared_txn=True): commit whatever transaction is open
+        for this transactional id (KIP-939 leaves that choice to the caller); an abort
+        needs nothing here, the init that follows aborts what is open."""
+        if not commit:
+            return
+        seen = self.call("commit_transaction", self.client.describe, recovering=True)
+        if seen.state == "Ongoing":
+            self.call(
+                "commit_transaction",
+                partial(self.client.end_txn, seen.producer_id, seen.producer_epoch, True),
+                recovering=True,
+            )

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_txn.testing import LocalBroker
@@ -58,42 +58,59 @@ class Broker:
     def read_committed(
         self, topic: str, expected: int, timeout: float = 20.0, linger: float = 1.0
     ) -> list[tuple[bytes | None, bytes | None]]:
-        """Every (key, value) a read_committed consumer sees in ``topic``: waits up to
-        ``timeout`` for ``expected`` records, then ``linger`` seconds more so that a
-        duplicate or a record that should be invisible is caught. (Reaching the end of
-        the partitions proves nothing: commit markers are written after
-        commit_transaction() returns, and until then the records stay invisible.)"""
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap_servers,
-                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-            }
+        """Every (key, value) a read_committed consumer sees in ``topic``, read with an
+        independent client (kafka-python, not librdkafka). Every partition is assigned
+        (no group, so no rebalance delay can make an empty read pass) and read from the
+        beginning up to its last stable offset; it waits up to ``timeout`` for
+        ``expected`` records, then reads ``linger`` seconds more, so that a duplicate or
+        a record that should be invisible is caught. (Commit markers are written after
+        commit_transaction() returns: until then the records stay invisible.)"""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            group_id=None,
         )
         try:
-            consumer.subscribe([topic])
-            seen: list[tuple[bytes | None, bytes | None]] = []
+            partitions = None
             deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and len(seen) < expected:
-                self._poll_into(consumer, seen)
+            while partitions is None and time.monotonic() < deadline:
+                ids = consumer.partitions_for_topic(topic)
+                partitions = [TopicPartition(topic, p) for p in sorted(ids)] if ids else None
+                if partitions is None:
+                    time.sleep(0.1)
+            if partitions is None:
+                raise RuntimeError(f"topic {topic} has no partitions in metadata")
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            seen: list[tuple[bytes | None, bytes | None]] = []
+
+            def read_to_stable_end() -> bool:
+                ends = consumer.end_offsets(partitions)  # the LSO, under read_committed
+                while any(consumer.position(tp) < ends[tp] for tp in partitions):
+                    if time.monotonic() >= deadline + linger:
+                        return False
+                    self._poll_into(consumer, seen)
+                return True
+
+            while time.monotonic() < deadline:
+                if read_to_stable_end() and len(seen) >= expected:
+                    break
+                time.sleep(0.05)
             until = time.monotonic() + linger
             while time.monotonic() < until:
+                read_to_stable_end()
                 self._poll_into(consumer, seen)
             return seen
         finally:
             consumer.close()
 
     @staticmethod
-    def _poll_into(consumer: Consumer, seen: list[tuple[bytes | None, bytes | None]]) -> None:
-        msg = consumer.poll(0.2)
-        if msg is None:
-            return
-        err = msg.error()
-        if err is not None:
-            raise KafkaException(err)
-        seen.append((msg.key(), msg.value()))
+    def _poll_into(consumer: Any, seen: list[tuple[bytes | None, bytes | None]]) -> None:
+        for records in consumer.poll(timeout_ms=100).values():
+            seen.extend((r.key, r.value) for r in records)
 
 
 def _wait_ready(bootstrap: str) -> None:

@@ -64,7 +64,9 @@ class CoordinatorError(Exception):
 
 @dataclass(frozen=True)
 class TransactionDescription:
-    """What DescribeTransactions says of one transactional id."""
+    """What DescribeTransactions says of one transactional id. An id the coordinator
+    does not know (``found`` false) is described as ``Empty`` with producer id, epoch
+    and start time -1."""
 
     transactional_id: str
     state: str
@@ -74,8 +76,18 @@ class TransactionDescription:
     start_time_ms: int
     partitions: dict[str, list[int]] = field(default_factory=dict)
 
+    @property
+    def found(self) -> bool:
+        """Whether the coordinator knows the transactional id. Apache Kafka answers
+        TRANSACTIONAL_ID_NOT_FOUND for an id it never saw or forgot after
+        ``transactional.id.expiration.ms`` (TransactionCoordinator.handleDescribeTransactions);
+        noida-db answers ``Empty`` with producer id -1. A known id always has a producer id
+        >= 0 (InitProducerId allocates one before the id is stored)."""
+        return self.producer_id >= 0
+
     def as_dict(self) -> dict[str, Any]:
         return {
+            "found": self.found,
             "state": self.state,
             "producer_id": self.producer_id,
             "producer_epoch": self.producer_epoch,
@@ -250,6 +262,7 @@ class CoordinatorClient:
         )
         [entry] = answer["transaction_states"]
         if entry["error_code"] == TRANSACTIONAL_ID_NOT_FOUND:
+            # Described like noida-db's answer for an unknown id: ``found`` is false.
             return TransactionDescription(self.transactional_id, "Empty", -1, -1, 0, -1)
         if entry["error_code"]:
             raise CoordinatorError("DescribeTransactions", entry["error_code"])

@@ -1,0 +1,361 @@
+"""The I/O half of ``TransactionalProducer``: every call into confluent-kafka, the
+retrying of retriable errors (tenacity), the translation of what fails through the error
+table, and the slow path of a record librdkafka refuses.
+
+The producer's public calls decide what to do; this class does it and moves the
+lifecycle (``kafka_txn.lifecycle``) when librdkafka reports a fatal or abortable error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import tenacity
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from .classification import classify, exception_for, produce_failure
+from .delivery import Deliveries
+from .errors import (
+    CommitFailedException,
+    ErrorCategory,
+    FatalError,
+    IllegalStateError,
+    KafkaTxnError,
+    TransactionAbortableError,
+    TransactionOutcomeUnknownError,
+    root_exception,
+)
+from .lifecycle import Lifecycle
+
+__all__ = ["Driver"]
+
+log = logging.getLogger("kafka_txn.producer")
+
+# Pause between tries of a call that failed with a retriable error: exponential from 50 ms
+# to 1 s, plus jitter so that many producers do not retry in step.
+_WAIT = tenacity.wait_exponential(multiplier=0.05, max=1.0) + tenacity.wait_random(0, 0.05)
+
+Serializer = Callable[[Any, SerializationContext], bytes | None]
+
+
+def _is_retriable(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, KafkaException)
+        and not isinstance(exc, KafkaTxnError)
+        and classify(exc.args[0])[0] is ErrorCategory.RETRIABLE
+    )
+
+
+class Driver:
+    """Calls into one confluent-kafka ``Producer`` on behalf of a TransactionalProducer."""
+
+    producer: Producer
+    produce: Callable[..., None]
+
+    def __init__(
+        self,
+        *,
+        transactional_id: str,
+        life: Lifecycle,
+        deliveries: Deliveries,
+        operation_timeout: float,
+        queue_full_timeout: float,
+        sleep: Callable[[float], None],
+        key_serializer: Serializer | None,
+        value_serializer: Serializer | None,
+        user_error_cb: Callable[..., None] | None,
+    ) -> None:
+        self.transactional_id = transactional_id
+        self.life = life
+        self.deliveries = deliveries
+        self._operation_timeout = operation_timeout
+        self._queue_full_timeout = queue_full_timeout
+        self._sleep = sleep
+        self._key_serializer = key_serializer
+        self._value_serializer = value_serializer
+        self._user_error_cb = user_error_cb
+
+    def attach(self, producer: Producer) -> None:
+        self.producer = producer
+        self.produce = producer.produce
+
+    def poll(self, timeout: float = 0) -> int:
+        """Serve delivery reports and callbacks; returns how many events were served."""
+        self.life.raise_if_dead("poll")
+        return int(self.call("poll", self.producer.poll, timeout))
+
+    def send_offsets(self, offsets: list[Any], group_metadata: Any, timeout: float | None) -> None:
+        """send_offsets_to_transaction(); offsets that may or may not have joined the
+        transaction (retries ran out) make it abortable: it cannot commit."""
+        try:
+            self.retrying(
+                "send_offsets_to_transaction",
+                lambda t: self.producer.send_offsets_to_transaction(offsets, group_metadata, t),
+                timeout,
+            )
+        except TransactionOutcomeUnknownError as exc:
+            abortable = TransactionAbortableError(
+                f"{exc.message}; the transaction must be aborted", kafka_error=exc.kafka_error
+            )
+            self.life.enter_abortable(abortable)
+            raise abortable from exc.__cause__
+
+    def release(self, *, keep_transaction_open: bool) -> None:
+        """Let go of the librdkafka handle at close(). confluent-kafka's Producer.close()
+        aborts an open transaction; a prepared one must outlive this producer, so then
+        the handle is left to the garbage collector, whose rd_kafka_destroy() leaves the
+        transaction open."""
+        if keep_transaction_open:
+            return
+        try:
+            self.producer.flush(0)
+            close = getattr(self.producer, "close", None)
+            if close is not None:
+                close()
+        except (KafkaException, RuntimeError) as exc:  # closing a dead handle
+            log.debug("close(): %s", exc)
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every queued record is delivered or failed; returns how many are
+        still queued when ``timeout`` seconds pass."""
+        self.life.raise_if_dead("flush")
+        return int(self.call("flush", self.producer.flush, -1 if timeout is None else timeout))
+
+    def retrying(
+        self, operation: str, call: Callable[[float], object], timeout: float | None
+    ) -> None:
+        """Run a blocking librdkafka call, retrying retriable errors until the deadline
+        (tenacity), translating everything else through the error table."""
+        budget = self._operation_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+
+        def attempt() -> None:
+            self.call(operation, call, max(0.001, deadline - time.monotonic()))
+
+        try:
+            try:
+                attempt()  # the common case, without the retry machinery's cost
+            except KafkaException as first:
+                if not _is_retriable(first):
+                    raise
+                log.info(
+                    "%s: %s; retrying until %gs pass", operation, first.args[0], budget,
+                    extra={"transactional_id": self.transactional_id, "operation": operation},
+                )  # fmt: skip
+                retrying = tenacity.Retrying(
+                    retry=tenacity.retry_if_exception(_is_retriable),
+                    stop=tenacity.stop_after_delay(max(0.0, deadline - time.monotonic())),
+                    wait=_WAIT,
+                    sleep=self._sleep,
+                    reraise=True,
+                )
+                for try_ in retrying:
+                    with try_:
+                        attempt()
+        except KafkaException as exc:
+            if isinstance(exc, KafkaTxnError):
+                raise
+            err = exc.args[0]
+            if _is_retriable(exc):
+                raise TransactionOutcomeUnknownError(
+                    _outcome_unknown_message(operation, budget, err),
+                    kafka_error=err,
+                    operation=operation,
+                ) from exc
+            raise self.on_call_error(exc, operation) from exc
+
+    def call(self, operation: str, call: Callable[..., Any], *args: Any) -> Any:
+        """One confluent-kafka call that may run callbacks: surfaces a fatal error
+        recorded meanwhile, and re-raises a user callback's exception here, outside
+        librdkafka's stack (raising inside it is what makes confluent-kafka raise
+        SystemError)."""
+        deliveries = self.deliveries
+        try:
+            result = call(*args)
+        except SystemError as exc:
+            # confluent-kafka raises SystemError when an exception was pending while a
+            # callback ran during a fatal error; the fatal error is the real cause.
+            self.serve_error_callbacks()
+            deliveries.collect()
+            if self.life.fatal is not None:
+                raise self.life.fatal.with_traceback(None) from exc
+            raise
+        except KafkaException as exc:
+            deliveries.collect()
+            if not isinstance(exc, KafkaTxnError) and classify(exc.args[0])[0] is (
+                ErrorCategory.FATAL
+            ):
+                raise self.on_call_error(exc, operation) from exc
+            deliveries.raise_callback_error()
+            raise
+        deliveries.collect()
+        deliveries.raise_callback_error()
+        if self.life.fatal is not None and operation in ("poll", "flush"):
+            raise self.life.fatal.with_traceback(None)
+        return result
+
+    def serve_error_callbacks(self) -> None:
+        try:
+            self.producer.poll(0)
+        except Exception as exc:
+            log.debug("poll(0) after SystemError raised %r", exc)
+
+    def on_call_error(self, exc: KafkaException, operation: str) -> KafkaTxnError:
+        """Translate a confluent-kafka exception from ``operation`` and move the
+        lifecycle; the caller raises the result ``from exc``."""
+        err = exc.args[0]
+        if err.code() == KafkaError._FATAL:
+            # The call reports only "_FATAL"; error_cb carries the underlying cause.
+            self.serve_error_callbacks()
+            if self.life.fatal is not None:
+                return self.life.fatal.with_traceback(None)
+        mapped = exception_for(err, operation)
+        if isinstance(mapped, FatalError):
+            self.life.enter_fatal(mapped)
+        elif operation in ("init_transactions", "abort_transaction"):
+            # Nothing to abort to: librdkafka's non-retriable failures here leave no way on.
+            fatal = FatalError(mapped.message, kafka_error=err)
+            self.life.enter_fatal(fatal)
+            return fatal
+        elif operation == "begin_transaction":
+            return IllegalStateError(mapped.message, kafka_error=err)
+        else:
+            self.life.enter_abortable(mapped)
+        return mapped
+
+    def commit_failed(self, cause: KafkaTxnError | None) -> KafkaTxnError:
+        """The error commit_transaction() raises when the transaction already failed:
+        CommitFailedException with the failure as its cause (KIP-691), or the fatal error."""
+        if self.life.fatal is not None:
+            return self.life.fatal.with_traceback(None)
+        if cause is None:  # pragma: no cover - lifecycle invariant
+            cause = TransactionAbortableError("the transaction failed")
+        reason = cause.message
+        if self.deliveries.failed_records > 1:
+            reason += f"; at least {self.deliveries.failed_records} records failed"
+        exc = CommitFailedException(
+            f"commit_transaction() failed: {reason}. Abort the transaction, rewind the "
+            "inputs, and retry",
+            kafka_error=cause.kafka_error,
+        )
+        exc.__cause__ = root_exception(cause)
+        self.life.enter_abortable(exc)
+        return exc
+
+    def drain(self) -> None:
+        """Serve whatever callbacks are queued (_call surfaces a fatal error they bring)."""
+        self.call("poll", self.producer.poll, 0)
+
+    def on_error(self, err: KafkaError) -> None:
+        # confluent-kafka hands error_cb the underlying error of a _FATAL, flagged fatal().
+        if err.fatal() and self.life.fatal is None:
+            fatal = exception_for(err, "producer")
+            if isinstance(fatal, FatalError):
+                fatal.__cause__ = KafkaException(err)
+                self.life.enter_fatal(fatal)
+        if self._user_error_cb is not None:
+            self.deliveries.call_user(self._user_error_cb, err)
+        elif not err.fatal():
+            log.info("librdkafka: %s (%s)", err.str(), err.name())
+
+    def sync_failure(
+        self, exc: KafkaException, topic: str, partition: int, key: Any
+    ) -> KafkaTxnError:
+        err = exc.args[0]
+        if classify(err)[0] is ErrorCategory.FATAL or err.code() == KafkaError._FATAL:
+            return self.on_call_error(exc, "produce")
+        if err.code() == KafkaError._STATE:
+            # librdkafka's transaction already failed, most likely through a delivery
+            # report not served yet: serve it, so that the real cause is recorded first.
+            self.drain()
+        failure = produce_failure(err, topic, partition, key)
+        if err.code() == KafkaError._STATE and self.deliveries.first_failure is not None:
+            failure.message += f"; the transaction already failed: {self.deliveries.first_failure}"
+        # The record never entered librdkafka, so librdkafka would commit without it:
+        # remember it so that commit_transaction() refuses (KIP-691).
+        self.deliveries.record_failure(failure)
+        return failure
+
+    def produce_failed(
+        self,
+        exc: Exception,
+        topic: str,
+        value: Any,
+        key: Any,
+        partition: int,
+        cb: Callable[..., None] | None,
+        timestamp: int,
+        headers: Any,
+    ) -> None:
+        """The slow path of produce()/send(): a record librdkafka refused, arguments of
+        the wrong type, or a full queue, where it serves delivery reports until there is
+        room, like Java's send() blocking up to max.block.ms."""
+        deadline = time.monotonic() + self._queue_full_timeout
+        while isinstance(exc, BufferError):
+            if time.monotonic() >= deadline:
+                err = KafkaError(
+                    KafkaError._QUEUE_FULL,
+                    f"local queue still full after {self._queue_full_timeout:g}s",
+                )
+                failure = produce_failure(err, topic, partition, key)
+                self.deliveries.record_failure(failure)
+                raise failure from None
+            self.poll(0.05)
+            try:
+                self.produce(topic, value, key, partition, cb, None, timestamp, headers)
+                return
+            except Exception as again:  # dispatched below, like the first failure
+                exc = again
+        if isinstance(exc, KafkaException):
+            raise self.sync_failure(exc, topic, partition, key) from exc
+        if isinstance(exc, TypeError):
+            raise self.type_error(exc, key, value) from None
+        raise exc
+
+    def serialize(self, topic: str, key: Any, value: Any, headers: Any) -> tuple[Any, Any]:
+        field = MessageField.KEY
+        try:
+            if self._key_serializer is not None:
+                key = self._key_serializer(key, SerializationContext(topic, field, headers))
+            field = MessageField.VALUE
+            if self._value_serializer is not None:
+                value = self._value_serializer(value, SerializationContext(topic, field, headers))
+        except Exception as exc:
+            code = (
+                KafkaError._KEY_SERIALIZATION
+                if field == MessageField.KEY
+                else KafkaError._VALUE_SERIALIZATION
+            )
+            failure = produce_failure(
+                KafkaError(code, f"{field} serializer failed: {exc!r}"), topic, None, None
+            )
+            self.deliveries.record_failure(failure)
+            raise failure from exc
+        return key, value
+
+    def type_error(self, exc: TypeError, key: Any, value: Any) -> TypeError:
+        pairs = (("value", value, "value_serializer"), ("key", key, "key_serializer"))
+        for name, obj, option in pairs:
+            if obj is not None and not isinstance(obj, (bytes, str)):
+                return TypeError(
+                    f"{name} must be bytes, str or None, got {type(obj).__name__}: encode it "
+                    f"first or pass {option}=... to TransactionalProducer"
+                )
+        return TypeError(f"produce() arguments rejected by confluent-kafka: {exc}")
+
+
+def _outcome_unknown_message(operation: str, budget: float, err: KafkaError) -> str:
+    base = f"{operation}() did not complete within {budget:g}s ({err.str()})"
+    if operation == "commit_transaction":
+        return (
+            f"{base}: the broker may already have committed. Call commit_transaction() "
+            "again; do not abort. If you close instead, the next init_transactions() for "
+            "this transactional.id finishes the commit or aborts it"
+        )
+    if operation == "abort_transaction":
+        return f"{base}: call abort_transaction() again, or close() the producer"
+    return f"{base}: call {operation}() again"

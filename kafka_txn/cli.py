@@ -22,9 +22,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
-from .coordinator.connection import ProtocolError
+from .coordinator.client import TransactionDescription
+from .coordinator.connection import AuthenticationError, ProtocolError
 from .errors import KafkaTxnError
 from .producer import TransactionalProducer
+from .twophase import coordinator_failure
 
 __all__ = ["main"]
 
@@ -43,12 +45,24 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return conf
 
 
+def _describe_id(conf: dict[str, Any], args: argparse.Namespace) -> TransactionDescription:
+    """DescribeTransactions, with failures translated as everywhere else
+    (``twophase.coordinator_failure``)."""
+    try:
+        with CoordinatorClient(
+            ConnectionSettings.from_librdkafka(conf),
+            args.transactional_id,
+            deadline_s=args.timeout,
+        ) as client:
+            return client.describe()
+    except (CoordinatorError, ProtocolError, AuthenticationError) as exc:
+        raise coordinator_failure(
+            exc, "describe", recovering=True, deadline_s=args.timeout
+        ) from exc
+
+
 def _describe(args: argparse.Namespace) -> int:
-    conf = _settings(args)
-    with CoordinatorClient(
-        ConnectionSettings.from_librdkafka(conf), args.transactional_id, deadline_s=args.timeout
-    ) as client:
-        seen = client.describe()
+    seen = _describe_id(_settings(args), args)
     info = seen.as_dict()
     info["transactional_id"] = args.transactional_id
     if seen.start_time_ms >= 0:
@@ -91,10 +105,7 @@ def _recover(args: argparse.Namespace) -> int:
 
 def _force_terminate(args: argparse.Namespace) -> int:
     conf = {**_settings(args), "transactional.id": args.transactional_id}
-    with CoordinatorClient(
-        ConnectionSettings.from_librdkafka(conf), args.transactional_id, deadline_s=args.timeout
-    ) as client:
-        before = client.describe()
+    before = _describe_id(conf, args)
     # KIP-939's forceTerminateTransaction: initialising the id aborts whatever is open
     # and fences every producer that still holds it.
     with TransactionalProducer(conf, operation_timeout=args.timeout) as producer:
@@ -158,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
         return code
-    except (KafkaTxnError, CoordinatorError, ProtocolError, RuntimeError, OSError) as exc:
+    except (KafkaTxnError, RuntimeError, OSError) as exc:
         print(f"kafka-txn: error: {exc}", file=sys.stderr)
         return 1
     except ImportError as exc:

@@ -14,12 +14,16 @@ import pytest
 from confluent_kafka import KafkaError
 
 from kafka_txn import (
+    FatalError,
     InvalidPreparedStateError,
     PreparedTxnState,
     TransactionalProducer,
     TransactionDivergedError,
     TransactionOutcome,
+    TransactionOutcomeUnknowableError,
 )
+from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
+from kafka_txn.coordinator.client import TRANSACTIONAL_ID_NOT_FOUND
 from kafka_txn.testing import ApiKey, FaultProxy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,27 +148,242 @@ def test_state_of_an_aborted_transaction_is_divergence(broker, topic, producer_c
     assert broker.read_committed(topic, expected=0) == []
 
 
-def test_state_of_a_fenced_transaction_is_divergence(broker, topic, producer_config):
+def test_state_after_another_producer_initialised_the_id_is_unknowable(
+    broker, topic, producer_config
+):
+    """Another producer's init_transactions() aborts the open transaction and bumps the
+    epoch; the coordinator then shows Empty with no start time (noida-db: epoch e+1;
+    Apache Kafka: e+2, fence then init, TransactionMetadata.prepareIncrementProducerEpoch).
+    A transaction committed before such an init looks exactly the same, so recovery
+    cannot tell, and says so rather than advise re-sending (which would duplicate a
+    committed one)."""
     p, state = _prepared(producer_config, topic)
     with TransactionalProducer(producer_config) as usurper:
         usurper.init_transactions()  # aborts the prepared transaction, bumps the epoch
-    with pytest.raises(TransactionDivergedError, match="newer producer epoch") as info:
+    with pytest.raises(TransactionOutcomeUnknowableError, match="epoch") as info:
         _recover(producer_config, state)
     assert info.value.observed["producer_epoch"] > state.producer_epoch
+    assert "read_committed" in str(info.value)
     assert broker.read_committed(topic, expected=0) == []
     p.close()
 
 
-@pytest.mark.parametrize("code", [KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.PRODUCER_FENCED])
-def test_end_txn_refusal_during_recovery_is_divergence(broker, topic, producer_config, code):
+REFUSALS = [
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_TXN_STATE,
+    KafkaError.INVALID_PRODUCER_ID_MAPPING,
+]
+
+
+@pytest.mark.parametrize("code", REFUSALS)
+def test_end_txn_refusal_of_a_transaction_still_open_is_unknowable_and_never_loops(
+    broker, topic, producer_config, code
+):
+    """EndTxn(commit) refused, yet the coordinator still shows the stored transaction open
+    under the stored identity: recovery describes again, and since that again says
+    "commit", it stops with TransactionOutcomeUnknowableError after one EndTxn, having
+    committed and aborted nothing; a later recovery commits it."""
+    p, state = _prepared(producer_config, topic)
+    sent: list[int] = []
+    with FaultProxy(broker.bootstrap_servers) as proxy:
+        proxy.push_errors(ApiKey.END_TXN, code)
+        for _ in range(3):
+            proxy.before(ApiKey.END_TXN, lambda: sent.append(1))
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        with pytest.raises(TransactionOutcomeUnknowableError, match="still shows") as info:
+            _recover(conf, state)
+        assert info.value.kafka_error.code() == code
+        assert info.value.observed["state"] == "Ongoing"
+        assert sent == [1]  # one EndTxn, no loop
+    assert broker.read_committed(topic, expected=0) == []  # nothing committed yet ...
+    assert _recover(producer_config, state) is TransactionOutcome.COMMITTED  # ... nor aborted
+    assert broker.read_committed(topic, expected=1) == [(None, b"in-doubt")]
+    p.close()
+
+
+def _abort_behind_its_back(producer_config: dict, state: PreparedTxnState) -> None:
+    """Abort the stored transaction in the real broker with EndTxn(abort): the part of a
+    coordinator timeout noida-db does not do by itself."""
+    settings = ConnectionSettings.from_librdkafka(producer_config)
+    with CoordinatorClient(settings, producer_config["transactional.id"]) as client:
+        assert state.producer_id is not None and state.producer_epoch is not None
+        client.end_txn(state.producer_id, state.producer_epoch, commit=False)
+
+
+def _apache_epoch_bump(entry: dict) -> dict:
+    """What Apache Kafka shows after its timeout abort: the epoch one higher, the aborted
+    transaction's start time kept (TransactionCoordinator.abortTimedOutTransactions ->
+    TransactionMetadata.prepareFenceProducerEpoch, then endTransaction(ABORT)).
+    noida-db never times transactions out, so the proxy adds the bump."""
+    assert entry["transaction_state"] == "CompleteAbort", entry
+    return {**entry, "producer_epoch": entry["producer_epoch"] + 1}
+
+
+def test_prepared_transaction_timed_out_is_divergence(broker, topic, producer_config):
+    """Kafka timed the prepared transaction out (Apache: epoch e+1, CompleteAbort, same
+    start): nothing of it is visible, so re-sending it from the database is safe."""
+    p, state = _prepared(producer_config, topic)
+    _abort_behind_its_back(producer_config, state)
+    with FaultProxy(broker.bootstrap_servers) as proxy:
+        proxy.rewrite_describe(_apache_epoch_bump)
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        with pytest.raises(TransactionDivergedError, match=r"transaction\.timeout\.ms") as info:
+            _recover(conf, state)
+    assert info.value.observed["producer_epoch"] == state.producer_epoch + 1
+    assert info.value.observed["transaction_start_time_ms"] == state.txn_start_ms
+    assert "re-send them from the database" in str(info.value)
+    assert broker.read_committed(topic, expected=0) == []
+    p.close()
+
+
+def test_next_transaction_timed_out_means_the_stored_one_was_committed(
+    broker, topic, producer_config
+):
+    """Issue 9, scenario 4: the stored transaction committed, the process died before
+    storing it completed, and Kafka then timed out the NEXT transaction (Apache: epoch
+    e+1, CompleteAbort, a later start). That later transaction needs the stored one to
+    have ended, and a prepared transaction is never aborted by this library, so recovery
+    reports it committed, as a read_committed consumer confirms."""
+    p = TransactionalProducer(_two_phase(producer_config))
+    p.init_transactions()
+    p.begin_transaction()
+    p.produce(topic, b"stored")
+    state = p.prepare_transaction()
+    p.complete_transaction(state)  # committed; "crash" before storing it completed
+    p.begin_transaction()
+    p.produce(topic, b"next")
+    p.flush()
+    p.abort_transaction()  # the next transaction aborted: Kafka's timeout, minus the bump
+    p.close()
+    with FaultProxy(broker.bootstrap_servers) as proxy:
+        proxy.rewrite_describe(_apache_epoch_bump)
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        assert _recover(conf, state) is TransactionOutcome.ALREADY_COMMITTED
+    assert broker.read_committed(topic, expected=1) == [(None, b"stored")]
+
+
+def test_expired_transactional_id_is_unknowable(broker, topic, producer_config):
+    """Issue 9, scenario 4: a committed transaction whose state was never stored
+    completed, and an id idle past transactional.id.expiration.ms, which Apache Kafka
+    then answers with TRANSACTIONAL_ID_NOT_FOUND (TransactionCoordinator
+    .handleDescribeTransactions; noida-db never expires ids, so the proxy answers it).
+    Whether it committed cannot be learnt from Kafka: the error says so, and its advice
+    is to check the topic, not to re-send (here that would duplicate the records)."""
+    p = TransactionalProducer(_two_phase(producer_config))
+    p.init_transactions()
+    p.begin_transaction()
+    p.produce(topic, b"stored")
+    state = p.prepare_transaction()
+    p.complete_transaction(state)
+    p.close()
+    with FaultProxy(broker.bootstrap_servers) as proxy:
+        proxy.push_errors(ApiKey.DESCRIBE_TRANSACTIONS, TRANSACTIONAL_ID_NOT_FOUND)
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        with pytest.raises(TransactionOutcomeUnknowableError) as info:
+            _recover(conf, state)
+    message = str(info.value)
+    assert "transactional.id.expiration.ms" in message and "read_committed" in message
+    assert "re-send them from the database" not in message
+    assert info.value.observed["found"] is False
+    assert info.value.stored_state == str(state)
+    assert broker.read_committed(topic, expected=1) == [(None, b"stored")]
+    # Once the operator has checked and stored the state completed, recovery goes on.
+    assert _recover(producer_config, state.mark_completed()) is (
+        TransactionOutcome.NOTHING_TO_COMMIT
+    )
+
+
+def test_transactional_id_unknown_to_the_broker_is_unknowable(broker, producer_config):
+    """The local broker's own answer for an id it does not know (Empty, producer id -1)
+    is recognised as "not found" too."""
+    state = PreparedTxnState(
+        transactional_id=producer_config["transactional.id"], producer_id=1, producer_epoch=0,
+        txn_start_ms=1_700_000_000_000,
+    )  # fmt: skip
+    with pytest.raises(TransactionOutcomeUnknowableError, match="forgotten") as info:
+        _recover(producer_config, state)
+    assert info.value.observed["found"] is False
+
+
+def test_end_txn_refused_after_the_transaction_timed_out_is_divergence(
+    broker, topic, producer_config
+):
+    """Kafka times the transaction out between recovery's DescribeTransactions and its
+    EndTxn (Apache answers that EndTxn PRODUCER_FENCED, the epoch being one higher):
+    recovery describes again and reports the divergence with the refusal's code."""
+    p, state = _prepared(producer_config, topic)
+    with FaultProxy(broker.bootstrap_servers) as proxy:
+
+        def time_out() -> None:
+            _abort_behind_its_back(producer_config, state)
+            proxy.rewrite_describe(_apache_epoch_bump)
+
+        proxy.before(ApiKey.END_TXN, time_out)
+        proxy.push_errors(ApiKey.END_TXN, KafkaError.PRODUCER_FENCED)
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        with pytest.raises(TransactionDivergedError, match="PRODUCER_FENCED") as info:
+            _recover(conf, state)
+        assert proxy.hook_errors == []
+    assert info.value.kafka_error.code() == KafkaError.PRODUCER_FENCED
+    assert info.value.observed["state"] == "CompleteAbort"
+    assert broker.read_committed(topic, expected=0) == []
+    p.close()
+
+
+def test_zombie_running_during_recovery_is_reported_not_hidden(broker, topic, producer_config):
+    """Issue 9, scenario 8. DescribeTransactions -> EndTxn is check-then-act: the original
+    producer, still alive, commits the stored transaction and begins its next one in
+    between, and recovery's EndTxn (same producer id and epoch) commits that next one,
+    which its database never decided. Recovery cannot prevent this (the caller must stop
+    every other instance of the id first; DualWriter's lock does), but it must not report
+    a clean commit: it describes after EndTxn and raises TransactionOutcomeUnknowableError
+    naming the zombie."""
+    zombie, state = _prepared(producer_config, topic)
+    with FaultProxy(broker.bootstrap_servers) as proxy:
+
+        def zombie_goes_on() -> None:
+            zombie.complete_transaction(state)  # commits the stored transaction
+            zombie.begin_transaction()
+            zombie.produce(topic, b"zombie-next")
+            zombie.flush()
+
+        proxy.before(ApiKey.END_TXN, zombie_goes_on)
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        with pytest.raises(TransactionOutcomeUnknowableError, match="zombie") as info:
+            _recover(conf, state)
+        assert proxy.hook_errors == []
+    assert info.value.observed["state"] in ("PrepareCommit", "CompleteCommit")
+    assert info.value.observed["transaction_start_time_ms"] > state.txn_start_ms
+    assert "stop or fence every other instance" in str(info.value).lower()
+    # What the error reports did happen: the zombie's undecided record was committed.
+    got = sorted(v for _, v in broker.read_committed(topic, expected=2))
+    assert got == [b"in-doubt", b"zombie-next"]
+    zombie.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "says"),
+    [
+        (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "not authorized"),
+        (KafkaError.UNKNOWN, "UNKNOWN"),  # UNKNOWN_SERVER_ERROR
+    ],
+)
+def test_other_end_txn_errors_are_translated_in_one_place(
+    broker, topic, producer_config, code, says
+):
+    """EndTxn errors that say nothing of the transaction go through the one translation
+    of coordinator failures (twophase.coordinator_failure): a FatalError, as the same code
+    is through librdkafka; nothing is committed or aborted, and recovery can run again."""
     p, state = _prepared(producer_config, topic)
     with FaultProxy(broker.bootstrap_servers) as proxy:
         proxy.push_errors(ApiKey.END_TXN, code)
-        with pytest.raises(TransactionDivergedError) as info:
-            _recover({**producer_config, "bootstrap.servers": proxy.bootstrap_servers}, state)
-        assert info.value.kafka_error.code() == code
-        assert (ApiKey.END_TXN, code) in proxy.injected
-    assert broker.read_committed(topic, expected=0) == []  # nothing committed
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        with pytest.raises(FatalError, match=says) as info:
+            _recover(conf, state)
+    assert info.value.kafka_error.code() == code
+    assert broker.read_committed(topic, expected=0) == []
+    assert _recover(producer_config, state) is TransactionOutcome.COMMITTED
     p.close()
 
 

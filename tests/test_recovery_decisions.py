@@ -1,0 +1,249 @@
+"""Recovery's decision table (kafka_txn/recovery.py ``decide``), as a pure function: every
+row, its boundaries, and properties over arbitrary coordinator answers. No broker."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kafka_txn import PreparedTxnState, recovery
+from kafka_txn.coordinator import TransactionDescription
+from kafka_txn.recovery import (
+    ABORT_STATES,
+    COMMIT_STATES,
+    RULES,
+    Verdict,
+    commit_confirmed,
+    decide,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+P, E, S = 4001, 7, 1_732_212_345_678
+STORED = PreparedTxnState(
+    transactional_id="orders-0", producer_id=P, producer_epoch=E, txn_start_ms=S,
+    cluster_id="c1", timeout_ms=60_000,
+)  # fmt: skip
+NOT_FOUND = TransactionDescription("orders-0", "Empty", -1, -1, 0, -1)
+
+COMMIT, ALREADY, DIVERGED, UNKNOWABLE = (
+    Verdict.COMMIT,
+    Verdict.ALREADY_COMMITTED,
+    Verdict.DIVERGED,
+    Verdict.UNKNOWABLE,
+)
+
+
+def seen(state: str, epoch: int = E, start: int = S, pid: int = P) -> TransactionDescription:
+    return TransactionDescription("orders-0", state, pid, epoch, 60_000, start)
+
+
+# (what the coordinator reports, verdict, table row)
+CASES = [
+    # 1: Kafka forgot the id (Apache: TRANSACTIONAL_ID_NOT_FOUND; noida-db: Empty, pid -1)
+    (NOT_FOUND, UNKNOWABLE, 1),
+    # 2: another producer id
+    (seen("Ongoing", pid=P + 1), UNKNOWABLE, 2),
+    (seen("CompleteCommit", pid=P - 1), UNKNOWABLE, 2),
+    (seen("Empty", epoch=0, start=-1, pid=P + 1), UNKNOWABLE, 2),
+    # 3: an older epoch, whatever else
+    (seen("Ongoing", epoch=E - 1), UNKNOWABLE, 3),
+    (seen("CompleteCommit", epoch=0, start=S + 1), UNKNOWABLE, 3),
+    # 4: same epoch, an older transaction
+    (seen("Ongoing", start=S - 1), UNKNOWABLE, 4),
+    (seen("Empty", start=-1), UNKNOWABLE, 4),
+    # 5-7: the stored transaction itself
+    (seen("Ongoing"), COMMIT, 5),
+    (seen("PrepareCommit"), ALREADY, 6),
+    (seen("CompleteCommit"), ALREADY, 6),
+    (seen("PrepareAbort"), DIVERGED, 7),
+    (seen("CompleteAbort"), DIVERGED, 7),
+    # 8: a later transaction under the same epoch, whatever its state
+    (seen("Ongoing", start=S + 1), ALREADY, 8),
+    (seen("CompleteCommit", start=S + 1), ALREADY, 8),
+    (seen("CompleteAbort", start=S + 60_000), ALREADY, 8),
+    (seen("PrepareAbort", start=S + 1), ALREADY, 8),
+    # 9: the stored transaction committed, under a later epoch
+    (seen("CompleteCommit", epoch=E + 1), ALREADY, 9),
+    (seen("PrepareCommit", epoch=E + 5), ALREADY, 9),
+    # 10: the stored transaction timed out or was fenced (epoch bumped once, start kept)
+    (seen("CompleteAbort", epoch=E + 1), DIVERGED, 10),
+    (seen("PrepareAbort", epoch=E + 1), DIVERGED, 10),
+    # 11: a later transaction, then one epoch bump (its timeout, or KIP-360)
+    (seen("CompleteAbort", epoch=E + 1, start=S + 1), ALREADY, 11),
+    (seen("Ongoing", epoch=E + 1, start=S + 1), ALREADY, 11),
+    (seen("CompleteCommit", epoch=E + 1, start=S + 1), ALREADY, 11),
+    # 12: everything else
+    (seen("Empty"), UNKNOWABLE, 12),  # the stored start time in Empty: not Kafka's
+    (seen("Dead"), UNKNOWABLE, 12),
+    (seen("SomeFutureState"), UNKNOWABLE, 12),
+    (seen("Ongoing", epoch=E + 1), UNKNOWABLE, 12),
+    (seen("Empty", epoch=E + 1, start=-1), UNKNOWABLE, 12),  # noida-db after a fence
+    (seen("Empty", epoch=E + 2, start=-1), UNKNOWABLE, 12),  # Apache after fence + init
+    (seen("CompleteAbort", epoch=E + 2), UNKNOWABLE, 12),  # boundary of row 10
+    (seen("CompleteAbort", epoch=E + 2, start=S + 1), UNKNOWABLE, 12),  # of row 11
+    (seen("CompleteAbort", epoch=E + 1, start=S - 1), UNKNOWABLE, 12),
+    (seen("Ongoing", epoch=E + 3, start=S + 1), UNKNOWABLE, 12),
+]
+
+
+@pytest.mark.parametrize(("observed", "verdict", "row"), CASES)
+def test_every_row_of_the_table(observed: TransactionDescription, verdict: Verdict, row: int):
+    decision = decide(STORED, observed)
+    assert (decision.verdict, decision.row) == (verdict, row), decision.reason
+
+
+def test_every_rule_is_exercised_and_numbered_in_order():
+    assert [rule.row for rule in RULES] == list(range(1, len(RULES) + 1))
+    assert {row for _, _, row in CASES} == {rule.row for rule in RULES}
+
+
+def _table_lines(text: str) -> dict[int, str]:
+    """Row number -> verdict, from the table lines that start with a row number and
+    name one verdict (the module docstring's table and the docs' table)."""
+    rows = {}
+    for line in text.splitlines():
+        number = re.match(r"\|?\s*(\d+)[\s|]", line)
+        verdicts = re.findall(r"\b(ALREADY_COMMITTED|COMMIT|DIVERGED|UNKNOWABLE)\b", line)
+        if number and len(verdicts) == 1:
+            rows[int(number[1])] = verdicts[0]
+    return rows
+
+
+@pytest.mark.parametrize(
+    "text",
+    [recovery.__doc__ or "", (ROOT / "docs" / "two-phase-commit.md").read_text()],
+    ids=["recovery.py docstring", "docs/two-phase-commit.md"],
+)
+def test_the_documented_tables_match_the_rules(text: str):
+    assert _table_lines(text) == {rule.row: rule.verdict.name for rule in RULES}
+
+
+def test_a_state_without_identity_is_refused():
+    with pytest.raises(ValueError, match="producer id, epoch and start time"):
+        decide(PreparedTxnState(f"{P}:{E}"), seen("Ongoing"))
+
+
+# ---------------------------------------------------------------- properties
+# Each property is checked over every combination of producer id, epoch and start time
+# around the stored ones (the boundaries), then by Hypothesis over arbitrary answers.
+STATE_NAMES = ["Empty", "Ongoing", "PrepareCommit", "CompleteCommit", "PrepareAbort",
+               "CompleteAbort", "PrepareEpochFence", "Dead", "Unknown"]  # fmt: skip
+GRID = [
+    (STORED, seen(state, epoch=epoch, start=start, pid=pid))
+    for state in STATE_NAMES
+    for pid in (P - 1, P, P + 1, -1)
+    for epoch in range(E - 2, E + 4)
+    for start in (-1, 0, S - 1, S, S + 1, S + 10_000)
+]
+
+
+def _near(value: int) -> st.SearchStrategy[int]:
+    """The stored value, its neighbours, or anything: the boundaries get hit often."""
+    return st.one_of(
+        st.sampled_from([value - 1, value, value + 1, value + 2]),
+        st.integers(min_value=-1, max_value=value * 2 + 2),
+    )
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> tuple[PreparedTxnState, TransactionDescription]:
+    pid = draw(st.integers(min_value=0, max_value=1 << 40))
+    epoch = draw(st.integers(min_value=0, max_value=32_000))
+    start = draw(st.integers(min_value=0, max_value=1 << 42))
+    stored = PreparedTxnState(
+        transactional_id="t", producer_id=pid, producer_epoch=epoch, txn_start_ms=start
+    )
+    described = TransactionDescription(
+        "t",
+        draw(st.sampled_from(STATE_NAMES)),
+        draw(st.one_of(st.just(-1), st.just(pid), _near(pid))),
+        draw(_near(epoch)),
+        60_000,
+        draw(_near(start)),
+    )
+    return stored, described
+
+
+def _everywhere(check: Callable[[PreparedTxnState, TransactionDescription], None]) -> None:
+    for case in GRID:
+        check(*case)
+    given(answers())(lambda case: check(*case))()
+
+
+def _same_transaction(stored: PreparedTxnState, described: TransactionDescription) -> bool:
+    return (
+        described.found
+        and described.producer_id == stored.producer_id
+        and described.start_time_ms == stored.txn_start_ms
+    )
+
+
+def test_commit_only_for_the_stored_transaction_still_open():
+    def check(stored: PreparedTxnState, described: TransactionDescription) -> None:
+        if decide(stored, described).verdict is Verdict.COMMIT:
+            assert _same_transaction(stored, described) and described.state == "Ongoing"
+            assert described.producer_epoch == stored.producer_epoch
+
+    _everywhere(check)
+
+
+def test_diverged_only_when_kafka_shows_the_stored_transaction_aborted():
+    """DIVERGED advises re-sending: only where nothing of it can be visible."""
+
+    def check(stored: PreparedTxnState, described: TransactionDescription) -> None:
+        if decide(stored, described).verdict is Verdict.DIVERGED:
+            assert _same_transaction(stored, described) and described.state in ABORT_STATES
+            assert described.producer_epoch - (stored.producer_epoch or 0) in (0, 1)
+
+    _everywhere(check)
+
+
+def test_already_committed_never_when_the_stored_transaction_shows_aborted():
+    def check(stored: PreparedTxnState, described: TransactionDescription) -> None:
+        if decide(stored, described).verdict is Verdict.ALREADY_COMMITTED:
+            assert not (_same_transaction(stored, described) and described.state in ABORT_STATES)
+            assert described.producer_id == stored.producer_id
+            assert described.producer_epoch >= (stored.producer_epoch or 0)
+
+    _everywhere(check)
+
+
+def test_an_unknown_id_is_always_unknowable():
+    def check(stored: PreparedTxnState, described: TransactionDescription) -> None:
+        if not described.found or described.producer_id != stored.producer_id:
+            assert decide(stored, described).verdict is Verdict.UNKNOWABLE
+
+    _everywhere(check)
+
+
+# ---------------------------------------------------------------- after EndTxn(commit)
+@pytest.mark.parametrize(
+    ("after", "confirmed"),
+    [
+        (seen("PrepareCommit"), True),
+        (seen("CompleteCommit"), True),
+        (seen("CompleteCommit", epoch=E + 1), True),
+        # Scenario 8: a zombie committed the stored one and began the next, and EndTxn
+        # committed that next one.
+        (seen("CompleteCommit", start=S + 1), False),
+        (seen("PrepareCommit", start=S + 1), False),
+        (seen("Ongoing", start=S + 1), False),  # ... or the zombie began yet another
+        (seen("Ongoing"), False),
+        (seen("CompleteAbort"), False),
+        (seen("CompleteCommit", pid=P + 1), False),
+        (seen("CompleteCommit", epoch=E - 1), False),
+        (NOT_FOUND, False),
+    ],
+)
+def test_a_commit_is_confirmed_only_by_the_stored_transaction_committed(after, confirmed):
+    assert commit_confirmed(STORED, after) is confirmed
+
+
+def test_the_state_groups_are_disjoint():
+    assert not COMMIT_STATES & ABORT_STATES
+    assert "Ongoing" not in COMMIT_STATES | ABORT_STATES

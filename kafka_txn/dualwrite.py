@@ -2,33 +2,50 @@
 
 Each ``with writer.transaction() as tx:`` runs::
 
-    DB: BEGIN; lock the state row          Kafka: begin_transaction()
+    DB: BEGIN; lock the state row, read its owner   Kafka: begin_transaction()
     caller: SQL on tx.connection, tx.produce()/tx.send() to Kafka
     Kafka: prepare_transaction() -> state
-    DB: UPDATE state row = state; COMMIT   <- the decision
-    Kafka: complete_transaction(state)     (commit)
+    DB: UPDATE state row = state; COMMIT            <- the decision
+    Kafka: complete_transaction(state)              (commit)
 
-and ``start()`` first recovers what a crashed predecessor left: it reads the state row
-(under the same lock) and lets ``complete_transaction`` commit the prepared transaction
-if the database committed it, or abort it if not, before ``init_transactions()`` fences
-the predecessor. The state row is locked for the whole transaction (SELECT ... FOR UPDATE
-on PostgreSQL and MariaDB, an immediate write lock on SQLite), so two writers with one
-transactional id take turns, and the one fenced by the other's recovery fails before it
-can write anything.
+and ``start()`` first recovers what a predecessor left: under the same row lock it reads
+the stored state, lets ``complete_transaction`` commit the prepared transaction if the
+database committed it (or abort it if not), stores the state marked completed together
+with this writer's owner token, and then, holding the lock again, runs
+``init_transactions()``, which fences the predecessor in Kafka.
+
+Two writers with one transactional id: the state row is locked for the whole of each
+transaction (SELECT ... FOR UPDATE on PostgreSQL and MariaDB, a write on SQLite, which
+locks the database), and every transaction checks, under that lock, that the row's owner
+is still this writer. Once a newer writer's ``start()`` has written its owner token, the
+older one's next transaction fails with ``ProducerFencedError`` before it writes anything
+to either side. Lock waits are bounded (``lock_timeout``).
+
+A committed transaction's state is stored marked completed before anything can bump the
+producer epoch (see ``DualWriter``), so that a later recovery never has to guess about it.
 
 If the database COMMIT's outcome is unknown (the connection dropped during it), Kafka is
 never aborted: ``DatabaseCommitUnknownError`` is raised and the next ``start()`` decides
-from the database.
+from the database. If Kafka's commit fails after the database committed,
+``TransactionInDoubtError`` is raised and the transaction stays prepared for the next
+``start()``, which commits it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import re
+import socket
+import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
+from confluent_kafka import KafkaError
 from sqlalchemy import (
     Column,
     DateTime,
@@ -39,14 +56,29 @@ from sqlalchemy import (
     create_engine,
     func,
     insert,
+    inspect,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError
+from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings
-from .errors import ConfigurationError, DatabaseCommitUnknownError, FatalError, KafkaTxnError
+from .errors import (
+    ConfigurationError,
+    DatabaseCommitUnknownError,
+    IllegalStateError,
+    InvalidPreparedStateError,
+    KafkaTxnError,
+    ProducerFencedError,
+    TransactionAbortableError,
+    TransactionDivergedError,
+    TransactionInDoubtError,
+    TransactionOutcomeUnknowableError,
+    root_exception,
+)
 from .jdbc import jdbc_to_sqlalchemy
 from .producer import TransactionalProducer
 from .recovery import TransactionOutcome
@@ -73,6 +105,7 @@ STEPS = (
 """The steps ``on_step`` is called at, in order (for fault injection and tracing)."""
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_OWNER_LENGTH = 255
 
 
 def validate_identifier(name: str, what: str) -> str:
@@ -84,6 +117,13 @@ def validate_identifier(name: str, what: str) -> str:
             "underscores, not starting with a digit, at most 63 characters"
         )
     return name
+
+
+def _owner_token() -> str:
+    """A token naming one DualWriter instance, ``host:pid:uuid8``: where to find the
+    process, and which of its writers (a process may start several, one after another)."""
+    suffix = f":{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return socket.gethostname()[: _OWNER_LENGTH - len(suffix)] + suffix
 
 
 def engine_for(database: str | URL | Engine, user: str | None, password: str | None) -> Engine:
@@ -125,6 +165,49 @@ def engine_for(database: str | URL | Engine, user: str | None, password: str | N
         ) from exc
 
 
+def _seconds(value: float | None, name: str) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds or None")
+    return float(value)
+
+
+def _is_lock_timeout(exc: DBAPIError) -> bool:
+    """The database gave up waiting for a lock: PostgreSQL's lock_not_available (55P03,
+    from lock_timeout), MySQL/MariaDB's ER_LOCK_WAIT_TIMEOUT (1205, row and metadata
+    locks), SQLite's SQLITE_BUSY once the busy timeout ran out."""
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "55P03":
+        return True
+    if getattr(orig, "sqlite_errorcode", None) == 5 or "database is locked" in str(orig):
+        return True
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return bool(args) and args[0] == 1205
+
+
+def _is_duplicate_column(exc: DBAPIError) -> bool:
+    """ALTER TABLE ... ADD COLUMN lost a race with another writer's: PostgreSQL's
+    duplicate_column (42701), MySQL/MariaDB's ER_DUP_FIELDNAME (1060), SQLite's
+    "duplicate column name"."""
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "42701":
+        return True
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return (bool(args) and args[0] == 1060) or "duplicate column name" in str(orig).lower()
+
+
+class _Row(NamedTuple):
+    state: str
+    owner: str | None
+    updated: Any
+
+
 class DualWriteTransaction:
     """What the body of ``writer.transaction()`` gets: ``connection``, the live database
     connection in its open transaction, and ``produce``/``send``, the producer's own
@@ -136,6 +219,417 @@ class DualWriteTransaction:
         self.send = producer.send
 
 
+class _CompletionMarks:
+    """Stores ``state.mark_completed()`` for the last transaction committed to Kafka.
+
+    Until then the state row holds that transaction's plain state, which recovery can
+    settle only while Kafka still remembers it: an epoch bump (librdkafka's KIP-360 abort,
+    a later transaction timing out) or the transactional id expiring
+    (``transactional.id.expiration.ms``) would leave it unprovable. The next transaction's
+    state write replaces the row anyway (``superseded``, no extra round trip); otherwise
+    ``write`` runs ``delay`` seconds after the commit in a background thread, and
+    ``flush()`` runs it at once (before an abort, at close). ``write`` is a compare-and-set,
+    so it never overwrites a newer state, and running it twice is harmless."""
+
+    def __init__(
+        self, write: Callable[[PreparedTxnState], object], delay: float | None, name: str
+    ) -> None:
+        self._write = write
+        self._delay = delay
+        self._name = name
+        self._cond = threading.Condition()
+        self._pending: PreparedTxnState | None = None
+        self._due = 0.0
+        self._held = False
+        self._idle = False
+        self._closed = False
+        self._failures = 0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pending(self) -> PreparedTxnState | None:
+        """The committed state not yet stored marked completed, if any."""
+        return self._pending
+
+    def committed(self, state: PreparedTxnState) -> None:
+        """``state``'s transaction is committed in Kafka: mark it completed soon."""
+        with self._cond:
+            self._pending = state
+            self._failures = 0
+            if self._delay is None or self._closed:
+                return
+            self._due = time.monotonic() + self._delay
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"kafka-txn-mark-completed-{self._name}", daemon=True
+                )
+                self._thread.start()
+            elif self._idle:
+                self._cond.notify()
+
+    def hold(self) -> None:
+        """A transaction of this writer is under way: it carries the duty (its state
+        write supersedes the mark; its rollback flushes it before aborting Kafka)."""
+        with self._cond:
+            self._held = True
+
+    def release(self, superseded: bool) -> None:
+        """The transaction ended; ``superseded`` if its database commit replaced the
+        state row (then the pending mark is moot)."""
+        with self._cond:
+            self._held = False
+            if superseded:
+                self._pending = None
+            elif self._pending is not None and self._idle:
+                self._cond.notify()
+
+    def flush(self) -> bool:
+        """Store the pending mark now; False if that failed (logged)."""
+        with self._cond:
+            state = self._pending
+        return state is None or self._store(state)
+
+    def close(self) -> None:
+        """Stop the background thread, then flush."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        self.flush()
+
+    def _store(self, state: PreparedTxnState) -> bool:
+        try:
+            self._write(state)
+        except (SQLAlchemyError, KafkaTxnError) as exc:
+            with self._cond:
+                self._failures += 1
+            log.warning(
+                "could not store the completed state of %r's last transaction (%s); it is "
+                "tried again later, at the next abort, and at close()", self._name, exc,
+                extra={"transactional_id": self._name, "operation": "mark_completed"},
+            )  # fmt: skip
+            return False
+        with self._cond:
+            if self._pending is state:
+                self._pending = None
+        return True
+
+    def _run(self) -> None:
+        cond = self._cond
+        with cond:
+            while not self._closed:
+                if self._pending is None or self._held:
+                    self._idle = True
+                    cond.wait()
+                    self._idle = False
+                    continue
+                wait = self._due - time.monotonic()
+                if wait > 0:
+                    cond.wait(wait)
+                    continue
+                state = self._pending
+                cond.release()
+                try:
+                    stored = self._store(state)
+                finally:
+                    cond.acquire()
+                if not stored and self._pending is state and self._delay is not None:
+                    # Back off while the database is unreachable: delay * 2^n, up to 60 s.
+                    backoff = min(60.0, self._delay * 2 ** min(self._failures, 16))
+                    self._due = time.monotonic() + backoff
+
+
+class _StateRow:
+    """This writer's row of the state table, and every statement on it: the lock (with
+    its bounded wait), the reads and writes, and the owner column's upgrade. The
+    statements are built once, so SQLAlchemy reuses their compiled form. Table and column
+    names come validated (``validate_identifier``) and are quoted by SQLAlchemy."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        transactional_id: str,
+        owner: str,
+        *,
+        state_table: str,
+        id_column: str,
+        state_column: str,
+        updated_column: str,
+        owner_column: str,
+        lock_timeout: float | None,
+    ) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.transactional_id = transactional_id
+        self.owner = owner
+        self.lock_timeout = lock_timeout
+        self.table = Table(
+            state_table,
+            MetaData(),
+            Column(id_column, String(255), primary_key=True),
+            Column(state_column, String(MAX_SERIALIZED_LENGTH), nullable=False),
+            Column(updated_column, DateTime),
+            Column(owner_column, String(_OWNER_LENGTH)),
+        )
+        c = self.table.c
+        self._id, self._state = c[id_column], c[state_column]
+        self._updated, self._owner = c[updated_column], c[owner_column]
+        self._build_statements()
+
+    def ensure(self, create: bool) -> None:
+        """The table (if ``create``), its owner column, and this writer's row exist."""
+        if create:
+            self.table.create(self.engine, checkfirst=True)
+        self._ensure_owner_column(create)
+        self._ensure_row()
+
+    def _build_statements(self) -> None:
+        """Statements built once: SQLAlchemy then reuses their compiled form."""
+        row = (self._state, self._owner, self._updated)
+        where = self._id == bindparam("tid")
+        self._select_row = select(*row).where(where)
+        if self.dialect == "sqlite":
+            # A write takes SQLite's RESERVED lock at once; the read follows.
+            self._lock_statement: Any = (
+                update(self.table).where(where).values({self._updated: self._updated})
+            )
+        elif self.dialect == "postgresql" and self.lock_timeout is not None:
+            # set_config(..., true) is SET LOCAL lock_timeout, in the same round trip: the
+            # filter runs on the row before LockRows waits for its lock, and PostgreSQL
+            # reads lock_timeout when a wait begins (ProcSleep, src/backend/storage/lmgr/
+            # proc.c). A volatile function is never folded or skipped.
+            bound = func.set_config("lock_timeout", bindparam("lock_ms"), True).is_not(None)
+            self._lock_statement = select(*row).where(where, bound).with_for_update()
+        else:
+            self._lock_statement = self._select_row.with_for_update()
+        self._write_statement = (
+            update(self.table)
+            .where(where)
+            .values({self._state: bindparam("state"), self._updated: func.now()})
+        )
+        self._settle_statement = (
+            update(self.table)
+            .where(where)
+            .values(
+                {
+                    self._state: bindparam("state"),
+                    self._owner: bindparam("owner"),
+                    self._updated: func.now(),
+                }
+            )
+        )
+        self._mark_statement = (
+            update(self.table)
+            .where(where, self._state == bindparam("committed"))
+            .values({self._state: bindparam("completed"), self._updated: func.now()})
+        )
+
+    def _ensure_owner_column(self, create: bool) -> None:
+        """Add the owner column to a state table created before it existed. Safe when
+        several writers start at once: the losers of the race get a duplicate-column
+        error, which means the column is there."""
+        columns = {col["name"] for col in inspect(self.engine).get_columns(self.table.name)}
+        if self._owner.name in columns:
+            return
+        prep = self.engine.dialect.identifier_preparer
+        ddl = (
+            f"ALTER TABLE {prep.format_table(self.table)} ADD COLUMN "
+            f"{prep.format_column(self._owner)} "
+            f"{self._owner.type.compile(dialect=self.engine.dialect)}"
+        )
+        if not create:
+            raise ConfigurationError(
+                f"the state table {self.table.name} has no owner column "
+                f"{self._owner.name!r}, which fences a writer replaced by a newer one: run "
+                f"`{ddl}` (or pass create_state_table=True to let the writer add it)"
+            )
+        with self.engine.connect() as conn:
+            conn.begin()
+            try:
+                self._bound_lock_wait(conn, metadata_locks=True)
+                conn.exec_driver_sql(ddl)
+                conn.commit()
+            except DBAPIError as exc:
+                conn.rollback()
+                if _is_duplicate_column(exc):
+                    return
+                if _is_lock_timeout(exc):
+                    raise self._lock_timed_out("start() adding the owner column") from exc
+                raise
+            finally:
+                self._unbound_metadata_locks(conn)
+
+    def _ensure_row(self) -> None:
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(select(self._id).where(self._id == self.transactional_id))
+                if row.first():
+                    return
+                self._bound_lock_wait(conn)
+                try:
+                    with conn.begin_nested():
+                        conn.execute(
+                            insert(self.table).values(
+                                {self._id: self.transactional_id, self._state: "",
+                                 self._updated: func.now()}
+                            )
+                        )  # fmt: skip
+                except IntegrityError:
+                    pass  # another instance inserted it first
+        except DBAPIError as exc:
+            if _is_lock_timeout(exc):
+                raise self._lock_timed_out("start() creating the state row") from exc
+            raise
+
+    def lock(self, conn: Connection) -> _Row:
+        """Lock this writer's state row for the rest of the DB transaction (SELECT ...
+        FOR UPDATE; on SQLite a write, which takes its RESERVED lock at once) and read
+        it, waiting at most ``lock_timeout``."""
+        params = self._lock_params()
+        try:
+            if self.dialect != "postgresql":
+                self._bound_lock_wait(conn)
+            if self.dialect == "sqlite":
+                conn.execute(self._lock_statement, params)
+                row = conn.execute(self._select_row, params).first()
+            else:
+                row = conn.execute(self._lock_statement, params).first()
+        except DBAPIError as exc:
+            if _is_lock_timeout(exc):
+                raise self._lock_timed_out("the state-row lock") from exc
+            raise
+        if row is None:
+            raise ConfigurationError(
+                f"state row for {self.transactional_id!r} is missing from "
+                f"{self.table.name}: call start() (or create it) first"
+            )
+        return _Row(str(row[0]), row[1], row[2])
+
+    def settle(self, conn: Connection, state: PreparedTxnState) -> None:
+        """start(): store the settled state and this writer as the row's owner."""
+        conn.execute(
+            self._settle_statement,
+            {"tid": self.transactional_id, "state": str(state), "owner": self.owner},
+        )
+
+    def write(self, conn: Connection, state: PreparedTxnState) -> None:
+        """A transaction's decision: its prepared state, in its database transaction."""
+        conn.execute(self._write_statement, {"tid": self.transactional_id, "state": str(state)})
+
+    def store_completed(self, state: PreparedTxnState) -> bool:
+        """``UPDATE ... SET state = state.mark_completed() WHERE state = state``: a
+        compare-and-set that never overwrites a newer state. True if it wrote."""
+        with self.engine.connect() as conn:
+            conn.begin()
+            try:
+                self._bound_lock_wait(conn)
+                result = conn.execute(
+                    self._mark_statement,
+                    {"tid": self.transactional_id, "committed": str(state),
+                     "completed": str(state.mark_completed())},
+                )  # fmt: skip
+                conn.commit()
+            except DBAPIError:
+                conn.rollback()
+                raise
+        return result.rowcount == 1
+
+    def read_unlocked(self) -> _Row | None:
+        """The state row as last committed, read without waiting for its lock (MVCC on
+        PostgreSQL and MariaDB; SQLite readers share the file with a RESERVED lock)."""
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(self._select_row, {"tid": self.transactional_id}).first()
+        except SQLAlchemyError as exc:
+            log.debug("could not read the state row without its lock: %s", exc)
+            return None
+        return None if row is None else _Row(str(row[0]), row[1], row[2])
+
+    def _lock_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"tid": self.transactional_id}
+        if self.dialect == "postgresql" and self.lock_timeout is not None:
+            params["lock_ms"] = str(max(1, math.ceil(self.lock_timeout * 1000)))
+        return params
+
+    def _bound_lock_wait(self, conn: Connection, *, metadata_locks: bool = False) -> None:
+        """Bound the lock waits of ``conn``'s transaction by ``lock_timeout``, where the
+        lock statement does not do it itself: PostgreSQL ``SET LOCAL lock_timeout``;
+        MySQL/MariaDB ``SET SESSION innodb_lock_wait_timeout`` (whole seconds, at least
+        1; once per pooled connection) and, for DDL, ``lock_wait_timeout`` (metadata
+        locks); SQLite's busy timeout (once per connection)."""
+        timeout = self.lock_timeout
+        if timeout is None:
+            return
+        ms = max(1, math.ceil(timeout * 1000))
+        if self.dialect == "postgresql":
+            conn.execute(text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": str(ms)})
+            return
+        if metadata_locks and self.dialect in ("mysql", "mariadb"):
+            previous = conn.execute(text("SELECT @@SESSION.lock_wait_timeout")).scalar()
+            conn.info["kafka_txn.lock_wait_timeout"] = previous
+            conn.execute(
+                text("SET SESSION lock_wait_timeout = :s"), {"s": max(1, math.ceil(timeout))}
+            )
+        if conn.info.get("kafka_txn.lock_timeout") == ms:
+            return
+        if self.dialect == "sqlite":
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(ms)}")
+        else:
+            conn.execute(
+                text("SET SESSION innodb_lock_wait_timeout = :s"),
+                {"s": max(1, math.ceil(timeout))},
+            )
+        conn.info["kafka_txn.lock_timeout"] = ms
+
+    @staticmethod
+    def _unbound_metadata_locks(conn: Connection) -> None:
+        previous = conn.info.pop("kafka_txn.lock_wait_timeout", None)
+        if previous is not None:
+            try:
+                conn.execute(text("SET SESSION lock_wait_timeout = :s"), {"s": int(previous)})
+            except DBAPIError:
+                conn.invalidate()  # never hand a connection with our setting back
+
+    def _lock_timed_out(self, waiting_for: str) -> TransactionAbortableError:
+        """The error for a lock wait that outlasted ``lock_timeout``: the writer stays
+        usable and nothing was written, so the caller may retry once the holder is gone."""
+        tid = self.transactional_id
+        row = self.read_unlocked()
+        if row is None:
+            holder = "the row's owner could not be read (no row yet, or the read failed)"
+        elif row.owner == self.owner:
+            holder = (
+                f"the row's owner is this writer ({self.owner!r}), so the holder is a "
+                "session that is not a DualWriter of this id, or one that never wrote "
+                f"its owner; state row last written at {row.updated}"
+            )
+        else:
+            holder = (
+                f"the row's owner is {row.owner!r} (host:pid:instance), state row last "
+                f"written at {row.updated}"
+            )
+        where = (
+            "SQLite locks the whole database file, so the holder may be any writer of it"
+            if self.dialect == "sqlite"
+            else "another database session holds it"
+        )
+        waited = (
+            "the database's own lock timeout"
+            if self.lock_timeout is None
+            else f"lock_timeout={self.lock_timeout:g}s"
+        )
+        message = (
+            f"waited {waited} for {waiting_for} of transactional "
+            f"id {tid!r} in {self.table.name} ({where}); {holder}. Nothing was written. "
+            "If that writer is hung, stop its process (or end its database session), then "
+            "retry; two live DualWriters with one transactional id cannot both work: the "
+            "newer start() fences the older"
+        )
+        return TransactionAbortableError(message, kafka_error=KafkaError(KafkaError._TIMED_OUT))
+
+
 class DualWriter:
     """Writes to a SQL database and Kafka in one atomic step (see the module docstring).
 
@@ -143,6 +637,13 @@ class DualWriter:
     ``jdbc:mariadb://...``, ``jdbc:sqlite:path``), a SQLAlchemy URL, or an Engine.
     Producer settings as for ``TransactionalProducer``; two-phase commit is turned on.
     ``on_step(step)`` is called after each step of ``STEPS``.
+
+    ``lock_timeout`` (seconds, default 30; None: the database's own setting) bounds every
+    wait for the state-row lock; when it runs out, ``TransactionAbortableError`` names the
+    transactional id and the row's owner, and nothing has been written.
+    ``mark_completed_after`` (seconds, default 1; None: only at the next transaction, an
+    abort, or ``close()``) is how soon after a commit its state is stored marked completed.
+    ``owner`` is this instance's token (``host:pid:uuid8``), stored in ``owner_column``.
     """
 
     def __init__(
@@ -156,7 +657,10 @@ class DualWriter:
         id_column: str = "transactional_id",
         state_column: str = "prepared_txn_state",
         updated_column: str = "updated_at",
+        owner_column: str = "owner",
         create_state_table: bool = True,
+        lock_timeout: float | None = 30.0,
+        mark_completed_after: float | None = 1.0,
         on_step: Callable[[str], None] | None = None,
         **producer_options: Any,
     ) -> None:
@@ -166,80 +670,182 @@ class DualWriter:
             else dict(producer_config)
         )
         conf[TWO_PHASE_COMMIT_KEY] = True
+        lock_timeout = _seconds(lock_timeout, "lock_timeout")
+        delay = _seconds(mark_completed_after, "mark_completed_after")
         self.engine = engine_for(database, user, password)
-        self._dialect = self.engine.dialect.name
-        if self._dialect not in ("postgresql", "mysql", "mariadb", "sqlite"):
+        dialect = self.engine.dialect.name
+        if dialect not in ("postgresql", "mysql", "mariadb", "sqlite"):
             raise ConfigurationError(
-                f"database dialect {self._dialect!r} is not supported: use PostgreSQL, "
+                f"database dialect {dialect!r} is not supported: use PostgreSQL, "
                 "MySQL/MariaDB or SQLite"
             )
-        metadata = MetaData()
-        self.state_table = Table(
-            validate_identifier(state_table, "state_table"),
-            metadata,
-            Column(validate_identifier(id_column, "id_column"), String(255), primary_key=True),
-            Column(
-                validate_identifier(state_column, "state_column"),
-                String(MAX_SERIALIZED_LENGTH),
-                nullable=False,
-            ),
-            Column(validate_identifier(updated_column, "updated_column"), DateTime),
-        )
-        self._id, self._state, self._updated = (
-            self.state_table.c[id_column],
-            self.state_table.c[state_column],
-            self.state_table.c[updated_column],
-        )
-        # Statements built once: SQLAlchemy then reuses their compiled form.
-        where = self._id == bindparam("tid")
-        self._select_state = select(self._state).where(where)
-        self._lock_statement = (
-            update(self.state_table).where(where).values({self._updated: self._updated})
-            if self._dialect == "sqlite"  # a write takes SQLite's lock at once
-            else self._select_state.with_for_update()
-        )
-        self._write_statement = (
-            update(self.state_table)
-            .where(where)
-            .values({self._state: bindparam("state"), self._updated: func.now()})
-        )
+        names = {"state_table": state_table, "id_column": id_column,
+                 "state_column": state_column, "updated_column": updated_column,
+                 "owner_column": owner_column}  # fmt: skip
+        for what, name in names.items():  # before the producer exists
+            validate_identifier(name, what)
         self._create = create_state_table
         self._on_step = on_step
         self.producer = TransactionalProducer(conf, **producer_options)  # validates conf
         self.transactional_id = self.producer.transactional_id
+        self.owner = _owner_token()
+        """This instance's owner token, written to the state row by ``start()``."""
+        self._row = _StateRow(
+            self.engine, self.transactional_id, self.owner, lock_timeout=lock_timeout, **names
+        )
+        self.state_table = self._row.table
+        single_connection = isinstance(self.engine.pool, (SingletonThreadPool, StaticPool))
+        self._marks = _CompletionMarks(
+            self._row.store_completed,
+            None if single_connection else delay,  # no second connection for a thread
+            self.transactional_id,
+        )
         self._started = False
         self._broken: KafkaTxnError | None = None
+        self._serial = threading.Lock()
+        """One start() or transaction() of this writer at a time: it has one producer,
+        which has one transaction (other threads wait their turn)."""
+        self._serial_thread: int | None = None
+        self._unresolved: str | None = None
+        """The stored state the last start() could not settle (diverged, unknowable)."""
+        self._after_settle: Callable[[], None] | None = None
+        """Test hook: called in start() between the settle commit and the fence."""
+
+    @property
+    def lock_timeout(self) -> float | None:
+        """The bound on every wait for the state-row lock, in seconds (None: unbounded
+        here, the database's own setting)."""
+        return self._row.lock_timeout
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> TransactionOutcome:
-        """Recover what a crashed predecessor left, then initialise transactions."""
+        """Recover what a predecessor left, take ownership of the transactional id, then
+        initialise transactions (fencing the predecessor in Kafka).
+
+        May be called again after it raised (``TransactionOutcomeUnknownError``: the
+        coordinator did not answer; a lock timeout): it then starts over."""
+        with self._exclusive("start()"):
+            return self._start()
+
+    @contextmanager
+    def _exclusive(self, call: str) -> Iterator[None]:
+        """Run ``call`` alone among this writer's start() and transaction() calls;
+        other threads wait. The same thread calling in again would deadlock: refused."""
+        me = threading.get_ident()
+        if self._serial_thread == me:
+            raise IllegalStateError(
+                f"{call} inside a transaction() of the same writer: finish that "
+                "transaction first (one writer has one transaction at a time)"
+            )
+        bound = self.lock_timeout
+        if not self._serial.acquire(timeout=-1 if bound is None else bound):
+            raise TransactionAbortableError(
+                f"{call} of the DualWriter for {self.transactional_id!r} waited "
+                f"lock_timeout={bound:g}s for another thread's transaction of the same "
+                "writer; nothing was written: retry, or give each thread a writer (and a "
+                "transactional id) of its own"
+            )
+        try:
+            self._serial_thread = me
+            yield
+        finally:
+            self._serial_thread = None
+            self._serial.release()
+
+    def _start(self) -> TransactionOutcome:
+        self._raise_if_broken()
         if self._started:
             raise ConfigurationError("start() was already called")
-        if self._create:
-            self.state_table.create(self.engine, checkfirst=True)
-        self._ensure_row()
-        self.producer.init_transactions(keep_prepared_txn=True)
+        self._row.ensure(self._create)
+        self.producer.init_transactions(keep_prepared_txn=True)  # repeatable until settled
         with self.engine.connect() as conn:
             conn.begin()
-            stored = PreparedTxnState(self._lock_and_read(conn))
+            stored = PreparedTxnState(self._row.lock(conn).state)
 
             def settle(outcome: TransactionOutcome) -> None:
-                # Commit the "completed" marker before init_transactions() bumps the
-                # epoch, so that a crash from here on cannot make recovery guess.
-                if not stored.is_empty and not stored.completed:
-                    self._write_state(conn, stored.mark_completed())
+                # Recovery settled `stored`. Store it completed, and this writer as the
+                # owner, before init_transactions() bumps the epoch: a crash from here on
+                # cannot make recovery guess, and from this commit on the previous owner's
+                # transactions fail their owner check.
+                self._row.settle(conn, stored.mark_completed())
                 conn.commit()
+                if self._after_settle is not None:
+                    self._after_settle()
+                # Hold the lock again until the fence is in place, so that init runs only
+                # if no other start() took the id over since (the last owner is the one
+                # whose init ran last).
+                conn.begin()
+                self._check_owner(
+                    self._row.lock(conn),
+                    "start(): recovery is done, but this writer did not initialise transactions",
+                )
 
-            outcome = self.producer.complete_transaction(stored, before_init=settle)
+            try:
+                outcome = self.producer.complete_transaction(stored, before_init=settle)
+            except (TransactionDivergedError, TransactionOutcomeUnknowableError):
+                self._unresolved = str(stored)  # what resolve() may then be given
+                raise
+            conn.commit()
         log.info(
-            "dual writer %r started: %s", self.transactional_id, outcome.value,
+            "dual writer %r started as %s: %s", self.transactional_id, self.owner,
+            outcome.value,
             extra={"transactional_id": self.transactional_id, "outcome": outcome.value},
         )  # fmt: skip
         self._started = True
         return outcome
 
+    def resolve(self, stored_state: str | PreparedTxnState) -> None:
+        """Record that a transaction recovery could not settle was settled by hand.
+
+        After ``start()`` raised ``TransactionDivergedError`` or
+        ``TransactionOutcomeUnknowableError``, find the rows of that transaction that a
+        read_committed consumer does not show, call this with the error's
+        ``stored_state`` (the state row then holds it marked completed), call ``start()``,
+        and re-send those rows in its first transaction. A compare-and-set: if the row
+        holds another state (a newer writer moved on), ``InvalidPreparedStateError`` is
+        raised and nothing changes. Calling it again is harmless."""
+        state = (
+            stored_state
+            if isinstance(stored_state, PreparedTxnState)
+            else PreparedTxnState(stored_state)
+        )
+        if self._started:
+            raise IllegalStateError(
+                "resolve() is for a start() that raised; this writer has started"
+            )
+        if state.is_empty or state.completed:
+            return
+        if str(state) != self._unresolved:
+            # Only a state recovery gave up on: any other (say, a TransactionInDoubtError's
+            # prepared_state) may still be committed by recovery, and marking it completed
+            # would drop it.
+            raise InvalidPreparedStateError(
+                f"resolve() takes the stored_state of the TransactionDivergedError or "
+                f"TransactionOutcomeUnknowableError that this writer's start() raised; "
+                f"{str(state)!r} is not it: call start() first"
+            )
+        self._row.ensure(self._create)
+        if self._row.store_completed(state):
+            log.warning(
+                "dual writer %r: %s resolved by hand and stored completed",
+                self.transactional_id, state,
+                extra={"transactional_id": self.transactional_id, "outcome": "resolved"},
+            )  # fmt: skip
+            return
+        row = self._row.read_unlocked()
+        if row is not None and row.state == str(state.mark_completed()):
+            return  # resolved before: resolve() is idempotent
+        raise InvalidPreparedStateError(
+            f"resolve(): the state row of {self.transactional_id!r} holds "
+            f"{None if row is None else row.state!r}, not {str(state)!r}: another writer "
+            "has moved on since; call start() and handle what it reports"
+        )
+
     def close(self) -> None:
-        """Close the producer and the engine's pool; a transaction in flight aborts."""
+        """Store the last commit's state marked completed, close the producer and the
+        engine's pool. A transaction in flight aborts; a prepared or in-doubt one (the
+        database may have committed it) is left for the next ``start()``."""
+        self._marks.close()  # before the producer's close, which may abort and bump
         self.producer.close()
         self.engine.dispose()
 
@@ -254,40 +860,60 @@ class DualWriter:
     # ------------------------------------------------------------------ the recipe
     @contextmanager
     def transaction(self) -> Iterator[DualWriteTransaction]:
-        """One atomic write to both systems; an exception in the body rolls both back."""
-        if self._broken is not None:
-            raise self._broken.with_traceback(None)
-        if not self._started:
-            self.start()
+        """One atomic write to both systems; an exception in the body rolls both back.
+
+        A writer runs one ``start()`` or ``transaction()`` at a time: other threads wait
+        their turn (up to ``lock_timeout``), and ``transaction()`` inside its own body
+        raises ``IllegalStateError``."""
+        with self._exclusive("transaction()"):
+            self._raise_if_broken()
+            if not self._started:
+                self._start()
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[DualWriteTransaction]:
         producer = self.producer
-        with self.engine.connect() as conn:
-            conn.begin()
-            try:
-                self._lock_and_read(conn)
-                producer.begin_transaction()
-                self._step("after_begin")
-                yield DualWriteTransaction(conn, producer)
-                self._step("after_send")
-                state = producer.prepare_transaction()
-                self._step("after_prepare")
-                self._write_state(conn, state)
-                self._step("after_state_write")
-            except BaseException:
-                self._roll_back(conn)
-                raise
-            self._commit_database(conn)
-        self._step("after_db_commit")
+        marks = self._marks
+        marks.hold()
+        committed = False
+        began = False
         try:
+            with self.engine.connect() as conn:
+                conn.begin()
+                try:
+                    self._check_owner(
+                        self._row.lock(conn), "nothing of this transaction was written"
+                    )
+                    producer.begin_transaction()
+                    began = True
+                    self._step("after_begin")
+                    yield DualWriteTransaction(conn, producer)
+                    self._step("after_send")
+                    state = producer.prepare_transaction()
+                    self._step("after_prepare")
+                    self._row.write(conn, state)
+                    self._step("after_state_write")
+                except BaseException:
+                    self._roll_back(conn, began)
+                    raise
+                self._commit_database(conn)
+                committed = True
+        finally:
+            marks.release(superseded=committed)
+        try:
+            # From here on the database may have decided: whatever goes wrong (an
+            # exception from the hook, a KeyboardInterrupt, the Kafka commit) leaves the
+            # transaction prepared for recovery and stops this writer, never aborts.
+            self._step("after_db_commit")
             producer.complete_transaction(state)
-        except KafkaTxnError as exc:
-            # The database decided "commit"; Kafka holds the prepared transaction until
-            # a restart's start() commits it. This writer must not go on.
-            self._broken = FatalError(
-                f"Kafka commit after the database commit failed ({exc}); the transaction "
-                "stays prepared: restart the writer, whose start() will commit it",
-                kafka_error=exc.kafka_error,
-            )
-            raise self._broken from exc
+        except BaseException as exc:
+            self._broken = self._in_doubt(state, exc)
+            if not isinstance(exc, Exception):
+                raise
+            cause = root_exception(exc) if isinstance(exc, KafkaTxnError) else exc
+            raise self._broken from cause
+        if not state.is_empty:
+            marks.committed(state)
         self._step("after_kafka_commit")
 
     # ------------------------------------------------------------------ internals
@@ -295,47 +921,48 @@ class DualWriter:
         if self._on_step is not None:
             self._on_step(step)
 
-    def _ensure_row(self) -> None:
-        with self.engine.begin() as conn:
-            exists = conn.execute(select(self._id).where(self._id == self.transactional_id)).first()
-            if exists:
-                return
-            try:
-                with conn.begin_nested():
-                    conn.execute(
-                        insert(self.state_table).values(
-                            {self._id: self.transactional_id, self._state: "",
-                             self._updated: func.now()}
-                        )
-                    )  # fmt: skip
-            except IntegrityError:
-                pass  # another instance inserted it first
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            raise self._broken.with_traceback(None)
 
-    def _lock_and_read(self, conn: Connection) -> str:
-        """Lock this writer's state row for the rest of the DB transaction (SELECT ...
-        FOR UPDATE; on SQLite a write, which takes its RESERVED lock at once), read it."""
-        params = {"tid": self.transactional_id}
-        if self._dialect == "sqlite":
-            conn.execute(self._lock_statement, params)
-            row = conn.execute(self._select_state, params).first()
-        else:
-            row = conn.execute(self._lock_statement, params).first()
-        if row is None:
-            raise ConfigurationError(
-                f"state row for {self.transactional_id!r} is missing from "
-                f"{self.state_table.name}: call start() (or create it) first"
-            )
-        return str(row[0])
+    def _in_doubt(self, state: PreparedTxnState, exc: BaseException) -> TransactionInDoubtError:
+        tid = self.transactional_id
+        reason = exc.message if isinstance(exc, KafkaTxnError) else repr(exc)
+        return TransactionInDoubtError(
+            f"the dual write of {tid!r} is committed in the database, but its Kafka "
+            f"commit did not complete ({reason}). The Kafka transaction is left prepared, "
+            f"never aborted: close this writer; the next start() for {tid!r} commits it "
+            "(a start() by another writer since then already did), or raises "
+            "TransactionDivergedError if Kafka aborted it first (transaction.timeout.ms)",
+            kafka_error=exc.kafka_error if isinstance(exc, KafkaTxnError) else None,
+            prepared_state=str(state),
+        )
 
-    def _write_state(self, conn: Connection, state: PreparedTxnState) -> None:
-        conn.execute(self._write_statement, {"tid": self.transactional_id, "state": str(state)})
+    def _check_owner(self, row: _Row, consequence: str) -> None:
+        """Under the row lock: the row's owner must be this writer. Otherwise a newer
+        writer's start() took the id over, and this one is fenced for good."""
+        if row.owner == self.owner:
+            return
+        tid = self.transactional_id
+        self._broken = ProducerFencedError(
+            f"another DualWriter for transactional id {tid!r} (owner {row.owner!r}) took "
+            f"it over (state row last written at {row.updated}); this writer "
+            f"({self.owner!r}) is fenced and must be closed; {consequence}",
+            kafka_error=KafkaError(KafkaError.PRODUCER_FENCED),
+        )
+        raise self._broken
 
-    def _roll_back(self, conn: Connection) -> None:
+    def _roll_back(self, conn: Connection, began: bool) -> None:
+        """The database did not commit: roll it back and abort the Kafka transaction
+        this attempt began (never one it did not begin)."""
         try:
             conn.rollback()
         except DBAPIError as exc:
             log.warning("database rollback failed: %s", exc)
-        if self.producer.in_transaction:
+        if began and self.producer.in_transaction:
+            # The abort may bump the epoch (KIP-360): the last commit's state must be
+            # stored completed first, or a later recovery could not tell it was settled.
+            self._marks.flush()
             try:
                 self.producer.abort_transaction()
             except KafkaTxnError as exc:
@@ -353,5 +980,15 @@ class DualWriter:
                     "commits or aborts it to match the database"
                 )
                 raise self._broken from exc
-            self._roll_back(conn)  # the database refused: nothing was committed
+            self._roll_back(conn, began=True)  # the database refused: nothing committed
+            raise
+        except BaseException as exc:
+            # Interrupted (KeyboardInterrupt, a timeout signal) while the COMMIT was under
+            # way: whether it happened is unknown, so Kafka stays prepared and the writer
+            # stops; the interruption itself goes on up.
+            self._broken = DatabaseCommitUnknownError(
+                f"interrupted during the database COMMIT ({exc!r}); the Kafka transaction "
+                "stays prepared: restart the writer, whose start() commits or aborts it "
+                "to match the database"
+            )
             raise

@@ -1,24 +1,48 @@
 """The dual-write recipe on PostgreSQL, MariaDB and SQLite: writers killed at every step,
-racing writers, an unknown COMMIT outcome, and bad input. After each, the database rows
-equal what a read_committed consumer sees: nothing lost, nothing twice."""
+racing writers, an unknown COMMIT outcome, a Kafka commit failing after the database
+commit, a committed state marked completed before an epoch bump, start() called again
+after the coordinator was unreachable, the owner column added to an older state table,
+and bad input. After each, the database rows equal what a read_committed consumer sees:
+nothing lost, nothing twice. (Zombie writers and lock holders: test_dualwrite_zombie.py.)"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import Column, DateTime, MetaData, String, Table, create_engine, event, select, text
 
-from kafka_txn import ConfigurationError, DatabaseCommitUnknownError, TransactionOutcome
+from kafka_txn import (
+    ConfigurationError,
+    DatabaseCommitUnknownError,
+    InvalidPreparedStateError,
+    PreparedTxnState,
+    ProducerFencedError,
+    TransactionalProducer,
+    TransactionDivergedError,
+    TransactionInDoubtError,
+    TransactionOutcome,
+    TransactionOutcomeUnknownError,
+)
+from kafka_txn import dualwrite as dualwrite_module
+from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
+from kafka_txn.coordinator.client import TransactionDescription
 from kafka_txn.dualwrite import STEPS, DualWriter, validate_identifier
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
+from kafka_txn.testing import ApiKey, FaultProxy, LocalBroker
 from tests.dualwrite_app import events_table
+from tests.rig import Broker
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.broker
@@ -157,6 +181,447 @@ def test_lost_connection_during_commit_never_aborts_kafka_blindly(broker, postgr
     assert broker.read_committed(topic, expected=0) == []
 
 
+# ---------------------------------------------------------------- helpers
+def _state_row(jdbc_url: str, txn_id: str, table: str = "kafka_transaction_state") -> str:
+    """The stored state of ``txn_id``, read with a connection of its own."""
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        with engine.connect() as conn:
+            return str(
+                conn.execute(
+                    text(f"SELECT prepared_txn_state FROM {table} WHERE transactional_id = :t"),
+                    {"t": txn_id},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def _write(writer: DualWriter, events: Table, topic: str, value: str) -> None:
+    with writer.transaction() as tx:
+        tx.connection.execute(events.insert(), [{"batch": 0, "value": value}])
+        tx.produce(topic, value.encode())
+
+
+def _rows(engine: Any, events: Table) -> list[str]:
+    with engine.connect() as conn:
+        return sorted(conn.execute(select(events.c.value)).scalars())
+
+
+def _bump_epoch(conf: dict[str, Any]) -> None:
+    """What any later epoch bump does to the stored state's producer epoch (a KIP-360
+    abort, a coordinator timeout of a later transaction, another init)."""
+    bumper = TransactionalProducer(conf)
+    bumper.init_transactions()
+    bumper.close()
+
+
+# ---------------------------------------------------------------- scenario 3: in doubt
+def _stand_in_describe(producer: TransactionalProducer) -> None:
+    """librdkafka's mock cluster has no DescribeTransactions, which prepare needs: answer
+    it as Apache Kafka would for the producer's own open transaction (as in
+    test_prepare_adversaries.py), so that librdkafka's real EndTxn handling is driven."""
+    twophase = producer._twophase
+    assert twophase is not None
+
+    def describe() -> TransactionDescription:
+        pid, epoch = twophase.identity.identity or (-1, -1)
+        return TransactionDescription(
+            producer.transactional_id, "Ongoing", pid, epoch, 60_000, int(time.time() * 1000)
+        )
+
+    twophase.client.describe = describe  # type: ignore[method-assign]
+
+
+@pytest.mark.mock
+@pytest.mark.parametrize(
+    "codes",
+    [
+        [KafkaError.INVALID_PRODUCER_ID_MAPPING],  # abortable in librdkafka
+        [KafkaError.UNKNOWN],  # UNKNOWN_SERVER_ERROR: abortable in librdkafka
+        [KafkaError.PRODUCER_FENCED],  # fatal
+        [KafkaError.COORDINATOR_NOT_AVAILABLE] * 500,  # retried until the deadline
+    ],
+    ids=lambda codes: KafkaError(codes[0]).name(),
+)
+def test_kafka_commit_failing_after_the_database_commit_is_never_aborted(
+    mock_cluster, mock_config, tmp_path, codes
+):
+    """The database committed; Kafka's EndTxn then fails. The writer stops with a
+    TransactionInDoubtError that says what is true, refuses every later call, and neither
+    it nor its close() (here through `with DualWriter`, exiting with that error) aborts
+    the transaction: the producer is released with the transaction left open."""
+    mock_cluster.create_topic("t", partitions=1)
+    database = f"jdbc:sqlite:{tmp_path / 'db.sqlite'}"
+    events = events_table("events")
+    aborts: list[str] = []
+    released: list[bool] = []
+    writer = DualWriter(mock_config(), database, operation_timeout=2.0)
+    events.create(writer.engine)
+    producer = writer.producer
+    abort, release = producer.abort_transaction, producer._io.release
+
+    def recording_abort(timeout: float | None = None) -> None:
+        aborts.append(producer.state)
+        abort(timeout)
+
+    def recording_release(*, keep_transaction_open: bool) -> None:
+        released.append(keep_transaction_open)
+        release(keep_transaction_open=keep_transaction_open)
+
+    producer.abort_transaction = recording_abort  # type: ignore[method-assign]
+    producer._io.release = recording_release  # type: ignore[method-assign]
+    with pytest.raises(TransactionInDoubtError) as caught, writer:
+        _stand_in_describe(producer)
+        mock_cluster.push_request_errors(ApiKey.END_TXN, *codes)
+        _write(writer, events, "t", "decided")
+    message = str(caught.value)
+    assert "committed in the database" in message and "left prepared" in message
+    assert "never aborted" in message and "next start()" in message
+    assert caught.value.prepared_state == _state_row(database, producer.transactional_id)
+    with pytest.raises(TransactionInDoubtError):
+        writer.start()
+    with pytest.raises(TransactionInDoubtError), writer.transaction():
+        pass
+    assert aborts == []
+    assert released == [True]  # closed, transaction left open for recovery
+    engine = create_engine(jdbc_to_sqlalchemy(database))
+    try:
+        assert _rows(engine, events) == ["decided"]
+    finally:
+        engine.dispose()
+
+
+def test_kafka_commit_failing_after_the_database_commit_is_recovered(jdbc_url):
+    """The same on a real broker (a private one: the test freezes it with SIGSTOP right
+    after the database commit, so the Kafka commit times out). The writer leaves the
+    transaction to recovery; the next start() commits it, and the database rows equal
+    what an independent read_committed consumer sees, exactly once."""
+    with LocalBroker() as local:
+        rig = Broker(local.bootstrap_servers, local.description)
+        topic = rig.create_topic()
+        events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+        txn_id = f"dw-in-doubt-{uuid.uuid4().hex[:8]}"
+        conf = {
+            "bootstrap.servers": local.bootstrap_servers,
+            "transactional.id": txn_id,
+            "socket.timeout.ms": 10_000,
+        }
+
+        def freeze_broker(step: str) -> None:
+            if step == "after_db_commit":
+                os.kill(local._proc.pid, signal.SIGSTOP)
+
+        writer = DualWriter(conf, jdbc_url, on_step=freeze_broker, operation_timeout=1.5)
+        events.create(writer.engine, checkfirst=True)
+        writer.start()
+        try:
+            with pytest.raises(TransactionInDoubtError) as caught:
+                _write(writer, events, topic, "decided")
+            writer.close()
+        finally:
+            os.kill(local._proc.pid, signal.SIGCONT)
+        stored = PreparedTxnState(caught.value.prepared_state)
+        with CoordinatorClient(ConnectionSettings.from_librdkafka(conf), txn_id) as client:
+            seen = client.describe()
+        assert seen.state in ("Ongoing", "PrepareCommit", "CompleteCommit"), seen  # not aborted
+        assert seen.start_time_ms == stored.txn_start_ms
+        successor = DualWriter(conf, jdbc_url)
+        try:
+            outcome = successor.start()
+            assert outcome in (TransactionOutcome.COMMITTED, TransactionOutcome.ALREADY_COMMITTED)
+            assert _rows(successor.engine, events) == ["decided"]
+        finally:
+            successor.close()
+        assert rig.read_committed(topic, expected=1) == [(None, b"decided")]
+
+
+# ---------------------------------------------------------------- scenario 4: completed
+def test_committed_state_is_marked_completed_before_an_abort(broker, jdbc_url, txn_id):
+    """An abort may bump the epoch (KIP-360), after which recovery could no longer tell
+    that the last committed transaction was settled: its state is stored completed first.
+    Until then, the happy path stores nothing extra (the mark is deferred)."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    writer = DualWriter(conf, jdbc_url, mark_completed_after=None)
+    try:
+        events.create(writer.engine, checkfirst=True)
+        _write(writer, events, topic, "kept")
+        committed = PreparedTxnState(_state_row(jdbc_url, txn_id))
+        assert not committed.is_empty and not committed.completed
+        at_abort: list[str] = []
+        abort = writer.producer.abort_transaction
+
+        def recording_abort(timeout: float | None = None) -> None:
+            at_abort.append(_state_row(jdbc_url, txn_id))
+            abort(timeout)
+
+        writer.producer.abort_transaction = recording_abort  # type: ignore[method-assign]
+        with pytest.raises(ZeroDivisionError), writer.transaction() as tx:
+            tx.produce(topic, b"never")
+            1 / 0  # noqa: B018
+        assert at_abort == [str(committed.mark_completed())]
+        assert _rows(writer.engine, events) == ["kept"]
+    finally:
+        writer.close()
+    assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
+
+
+def test_close_marks_the_last_commit_completed_so_an_epoch_bump_is_harmless(
+    broker, jdbc_url, txn_id
+):
+    """close() stores the last commit's state completed before the producer closes. A
+    later epoch bump then cannot make the next start() report a divergence (whose advice,
+    re-sending from the database, would duplicate the records)."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    writer = DualWriter(conf, jdbc_url, mark_completed_after=None)
+    events.create(writer.engine, checkfirst=True)
+    _write(writer, events, topic, "once")
+    committed = PreparedTxnState(_state_row(jdbc_url, txn_id))
+    at_close: list[str] = []
+    close = writer.producer.close
+
+    def recording_close(timeout: float = 10.0) -> None:
+        at_close.append(_state_row(jdbc_url, txn_id))
+        close(timeout)
+
+    writer.producer.close = recording_close  # type: ignore[method-assign]
+    writer.close()
+    assert at_close == [str(committed.mark_completed())]
+    _bump_epoch(conf)
+    successor = DualWriter(conf, jdbc_url)
+    try:
+        assert successor.start() is TransactionOutcome.NOTHING_TO_COMMIT
+    finally:
+        successor.close()
+    assert broker.read_committed(topic, expected=1) == [(None, b"once")]
+
+
+def test_commit_is_marked_completed_soon_after_without_another_transaction(
+    broker, jdbc_url, txn_id
+):
+    """A writer that commits and then sits idle (the Spark sink's per-partition ids, for
+    days) has its last state stored completed mark_completed_after seconds later, in the
+    background: an epoch bump or the id's expiry after that is harmless, even if the
+    process then dies without close()."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    writer = DualWriter(conf, jdbc_url, mark_completed_after=0.2)
+    try:
+        events.create(writer.engine, checkfirst=True)
+        _write(writer, events, topic, "idle")
+        deadline = time.monotonic() + 30
+        while not PreparedTxnState(_state_row(jdbc_url, txn_id)).completed:
+            assert time.monotonic() < deadline, "the commit was never marked completed"
+            time.sleep(0.05)
+        _bump_epoch(conf)  # while the writer is still open: no close() involved
+        successor = DualWriter(conf, jdbc_url)
+        try:
+            assert successor.start() is TransactionOutcome.NOTHING_TO_COMMIT
+        finally:
+            successor.close()
+    finally:
+        writer.close()
+    assert broker.read_committed(topic, expected=1) == [(None, b"idle")]
+
+
+def test_marking_completed_never_overwrites_a_newer_state(broker, jdbc_url, txn_id):
+    """The deferred mark is a compare-and-set on the committed state: if the row holds
+    anything else by then (a newer writer's state), it is left alone."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    writer = DualWriter(conf, jdbc_url, mark_completed_after=None)
+    events.create(writer.engine, checkfirst=True)
+    _write(writer, events, topic, "x")
+    newer = "kafka-txn:1;pid=999;epoch=9;start=1"
+    with writer.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE kafka_transaction_state SET prepared_txn_state = :s "
+                 "WHERE transactional_id = :t"),
+            {"s": newer, "t": txn_id},
+        )  # fmt: skip
+    writer.close()  # would store the mark now
+    assert _state_row(jdbc_url, txn_id) == newer
+
+
+def test_the_happy_path_adds_no_statement_for_the_mark(broker, jdbc_url, txn_id):
+    """The next transaction's state write replaces the committed state, so it carries the
+    mark: a transaction with a mark pending runs the same state-row statements as one
+    without."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    statements: list[str] = []
+    with DualWriter(conf, jdbc_url, mark_completed_after=None) as writer:
+        events.create(writer.engine, checkfirst=True)
+
+        @event.listens_for(writer.engine, "before_cursor_execute")
+        def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if "kafka_transaction_state" in statement:
+                statements.append(statement)
+
+        _write(writer, events, topic, "first")  # nothing pending before it
+        first = list(statements)
+        statements.clear()
+        _write(writer, events, topic, "second")  # "first" pending before it
+        assert statements == first
+        assert PreparedTxnState(_state_row(jdbc_url, txn_id)).txn_start_ms is not None
+
+
+# ---------------------------------------------------------------- scenario 6: start again
+@pytest.mark.mock
+def test_start_can_be_called_again_after_init_could_not_reach_the_coordinator(
+    mock_cluster, mock_config, txn_id, tmp_path
+):
+    """The transaction coordinator is down: start() raises
+    TransactionOutcomeUnknownError ("call it again"); called again once the coordinator
+    is back, it succeeds."""
+    mock_cluster.set_coordinator("transaction", txn_id, 1)
+    mock_cluster.set_broker_down(1)
+    writer = DualWriter(
+        mock_config(), f"jdbc:sqlite:{tmp_path / 'db.sqlite'}", operation_timeout=2.0
+    )
+    try:
+        with pytest.raises(TransactionOutcomeUnknownError, match="again"):
+            writer.start()
+        mock_cluster.set_broker_down(1, down=False)
+        assert writer.start() is TransactionOutcome.NOTHING_TO_COMMIT
+        assert writer.producer.state == "ready"
+    finally:
+        writer.close()
+
+
+class _CrashError(Exception):
+    """Stands for the process dying at a step (the transaction stays as it is)."""
+
+
+def _heal(proxy: FaultProxy) -> None:
+    """Drop the errors still queued in ``proxy`` (FaultProxy has no public call for it)."""
+    with proxy._lock:
+        proxy._faults.clear()
+
+
+def test_start_can_be_called_again_after_recovery_could_not_reach_the_coordinator(
+    broker, jdbc_url, txn_id
+):
+    """A prepared transaction the database committed waits for recovery, and the
+    coordinator does not answer DescribeTransactions (FaultProxy): start() raises
+    TransactionOutcomeUnknownError; called again once it answers, it commits the
+    transaction, exactly once."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    direct = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+
+    def crash_after_db_commit(step: str) -> None:
+        if step == "after_db_commit":
+            raise _CrashError
+
+    crashed = DualWriter(direct, jdbc_url, on_step=crash_after_db_commit)
+    events.create(crashed.engine, checkfirst=True)
+    crashed.start()
+    with pytest.raises(_CrashError):
+        _write(crashed, events, topic, "pending")
+    crashed.close()  # the prepared transaction stays open
+    with FaultProxy(broker.bootstrap_servers) as proxy:
+        conf = {**direct, "bootstrap.servers": proxy.bootstrap_servers}
+        writer = DualWriter(conf, jdbc_url, operation_timeout=1.0)
+        try:
+            codes = [KafkaError.COORDINATOR_NOT_AVAILABLE] * 1000
+            proxy.push_errors(ApiKey.DESCRIBE_TRANSACTIONS, *codes)
+            with pytest.raises(TransactionOutcomeUnknownError, match="again"):
+                writer.start()
+            _heal(proxy)
+            assert writer.start() is TransactionOutcome.COMMITTED
+            assert _rows(writer.engine, events) == ["pending"]
+        finally:
+            writer.close()
+    assert broker.read_committed(topic, expected=1) == [(None, b"pending")]
+
+
+# ---------------------------------------------------------------- the owner column
+def _old_state_table(jdbc_url: str, name: str) -> None:
+    """A state table as kafka-txn created it before the owner column existed."""
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        Table(
+            name,
+            MetaData(),
+            Column("transactional_id", String(255), primary_key=True),
+            Column("prepared_txn_state", String(4096), nullable=False),
+            Column("updated_at", DateTime),
+        ).create(engine)
+    finally:
+        engine.dispose()
+
+
+def test_state_table_without_owner_column_is_upgraded_by_racing_writers(
+    broker, jdbc_url, txn_id, monkeypatch
+):
+    """Writers starting at once on a state table without the owner column each add it,
+    and the loser of that race carries on; with create_state_table=False the writer
+    refuses to run unfenced and names the statement to run."""
+    name = f"state_{uuid.uuid4().hex[:10]}"
+    _old_state_table(jdbc_url, name)
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    with pytest.raises(ConfigurationError, match="ALTER TABLE"):
+        DualWriter(conf, jdbc_url, state_table=name, create_state_table=False).start()
+    # The loser's path, made certain: it saw no owner column, but the winner has just
+    # added it, so its ALTER TABLE fails with a duplicate column.
+    real_inspect = dualwrite_module.inspect
+
+    class Stale:
+        def __init__(self, engine: Any) -> None:
+            self._real = real_inspect(engine)
+
+        def get_columns(self, table: str) -> list[dict[str, Any]]:
+            return [c for c in self._real.get_columns(table) if c["name"] != "owner"]
+
+    winner = DualWriter(conf, jdbc_url, state_table=name)
+    loser = DualWriter(conf, jdbc_url, state_table=name)
+    try:
+        winner.start()
+        monkeypatch.setattr(dualwrite_module, "inspect", Stale)
+        assert loser.start() is TransactionOutcome.NOTHING_TO_COMMIT
+    finally:
+        winner.close()
+        loser.close()
+    monkeypatch.undo()
+    # And a real race, on a fresh old-style table.
+    name = f"state_{uuid.uuid4().hex[:10]}"
+    _old_state_table(jdbc_url, name)
+    racers = [DualWriter(conf, jdbc_url, state_table=name) for _ in range(2)]
+    barrier = threading.Barrier(len(racers))
+    errors: list[BaseException | None] = [None] * len(racers)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        try:
+            racers[i].start()
+        except BaseException as exc:
+            errors[i] = exc
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(racers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        # Each start() succeeds; one of them may find itself replaced by the other's.
+        assert all(e is None or isinstance(e, ProducerFencedError) for e in errors), errors
+        assert any(e is None for e in errors), errors
+        with racers[0].engine.connect() as conn:
+            owner = conn.execute(text(f"SELECT owner FROM {name}")).scalar_one()
+        assert owner in {r.owner for r in racers}
+    finally:
+        for r in racers:
+            r.close()
+
+
 @pytest.mark.parametrize(
     "name", ["state; DROP TABLE x", 'a"b', "1abc", "", "x" * 64, "naïve", "a-b", "a b"]
 )
@@ -230,3 +695,59 @@ def test_unsupported_database_and_missing_driver_are_clear(broker):
         DualWriter(conf, "::::")
     with pytest.raises(ConfigurationError, match="no dialect/driver"):
         DualWriter(conf, "postgresql+nosuchdriver://h/db")
+
+
+# ---------------------------------------------------------------- resolving a divergence
+def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_url, txn_id):
+    """The database committed a transaction that Kafka aborted (as when the coordinator
+    times it out). start() reports the divergence and keeps reporting it; after the rows
+    are re-sent and resolve() stores the state completed, start() goes on, and the
+    database rows equal what a read_committed consumer sees, each once. resolve() with
+    a state the row does not hold is refused and changes nothing."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    writer = DualWriter(conf, jdbc_url, mark_completed_after=None)
+    events.create(writer.engine, checkfirst=True)
+    writer.start()
+    # The writer's recipe, with Kafka aborting after the database decided.
+    writer.producer.begin_transaction()
+    writer.producer.produce(topic, b"lost")
+    state = writer.producer.prepare_transaction()
+    with writer.engine.begin() as conn:
+        conn.execute(events.insert(), [{"batch": 0, "value": "lost"}])
+        conn.execute(
+            writer.state_table.update()
+            .where(writer.state_table.c.transactional_id == txn_id)
+            .values(prepared_txn_state=str(state))
+        )
+    writer.producer.abort_transaction()
+    writer.close()
+
+    successor = DualWriter(conf, jdbc_url)
+    try:
+        for _ in range(2):  # it stays diverged until resolved
+            with pytest.raises(TransactionDivergedError) as caught:
+                successor.start()
+        assert caught.value.stored_state == str(state)
+        other = PreparedTxnState(
+            transactional_id=txn_id, producer_id=1, producer_epoch=0, txn_start_ms=1
+        )
+        with pytest.raises(InvalidPreparedStateError, match="holds"):
+            successor.resolve(other)
+        assert _state_row(jdbc_url, txn_id) == str(state)  # nothing changed
+        successor.resolve(caught.value.stored_state)
+        successor.resolve(caught.value.stored_state)  # harmless
+        assert _state_row(jdbc_url, txn_id) == str(state.mark_completed())
+        assert successor.start() is TransactionOutcome.NOTHING_TO_COMMIT
+        with successor.transaction() as tx:  # re-send what Kafka does not hold
+            tx.produce(topic, b"lost")
+        _write(successor, events, topic, "next")
+    finally:
+        successor.close()
+    assert sorted(v for _, v in broker.read_committed(topic, expected=2)) == [b"lost", b"next"]
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        assert _rows(engine, events) == ["lost", "next"]
+    finally:
+        engine.dispose()

@@ -36,3 +36,9 @@ bench: setup
 
 docs: setup
 	$(PY) -m kafka_txn._docs
+
+# The adversarial dual-write test (tests/test_adversarial.py) for 10 minutes per database
+# instead of the seconds it gets in `make test`; KAFKA_TXN_ADVERSARY_SEED picks the schedule.
+.PHONY: soak
+soak: setup
+	KAFKA_TXN_SOAK_SECONDS=600 $(PY) -m pytest tests/test_adversarial.py

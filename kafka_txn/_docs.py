@@ -1,8 +1,9 @@
 """Regenerates the docs that come from the code: in docs/errors.md the exception tree
-(errors.py's docstring) and the error table (classification.py); docs/api.md, the API
-reference, from the public names' signatures and docstrings. Tests fail on drift.
+(errors.py's docstring) and the error table (classification.py); in docs/index.md the
+producer's lifecycle diagram and its state x call table (lifecycle.py); docs/api.md, the
+API reference, from the public names' signatures and docstrings. Tests fail on drift.
 
-``python -m kafka_txn._docs``
+``python -m kafka_txn._docs [docs directory]``
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
 from . import errors
 from .classification import render_markdown
+from .lifecycle import ALLOWED, State, render_mermaid
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-DEFAULT_TARGET = DOCS / "errors.md"
 
 API_MODULES = (
     "kafka_txn",
@@ -36,13 +38,37 @@ def _tree() -> str:
     return "```\n" + "\n".join(line[4:] for line in doc[start:end].splitlines()) + "\n```\n"
 
 
+def render_lifecycle_table() -> str:
+    """Which call each state allows, from ``lifecycle.ALLOWED``: one row per call, one
+    column per state."""
+    states = list(State)
+    out = [
+        "| call | " + " | ".join(f"`{s.value}`" for s in states) + " |",
+        "|---|" + "---|" * len(states),
+    ]
+    for operation, allowed in ALLOWED.items():
+        marks = " | ".join("✓" if s in allowed else "·" for s in states)
+        out.append(f"| `{operation}` | {marks} |")
+    return "\n".join(out) + "\n"
+
+
 GENERATED: Final = {"error table": render_markdown, "exception tree": _tree}
 """Sections of docs/errors.md that are generated from the code, by marker name."""
 
+INDEX_GENERATED: Final = {
+    "lifecycle diagram": render_mermaid,
+    "lifecycle table": render_lifecycle_table,
+}
+"""Sections of docs/index.md that are generated from the code, by marker name."""
 
-def update_docs(text: str) -> str:
-    """``text`` with every generated section rewritten from the code."""
-    for name, render in GENERATED.items():
+GENERATED_FILES: Final = {"errors.md": GENERATED, "index.md": INDEX_GENERATED}
+"""Each file under docs/ with generated sections, and its sections."""
+
+
+def update_docs(text: str, sections: Mapping[str, Callable[[], str]] = GENERATED) -> str:
+    """``text`` with every generated section (by default, docs/errors.md's) rewritten
+    from the code."""
+    for name, render in sections.items():
         begin = f"<!-- BEGIN GENERATED: {name} -->\n"
         head, found, rest = text.partition(begin)
         if not found:
@@ -99,7 +125,13 @@ def render_api() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def regenerate(docs: Path = DOCS) -> None:
+    """Rewrite every generated doc under ``docs``."""
+    for name, sections in GENERATED_FILES.items():
+        target = docs / name
+        target.write_text(update_docs(target.read_text(), sections))
+    (docs / "api.md").write_text(render_api())
+
+
 if __name__ == "__main__":  # pragma: no cover
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_TARGET
-    target.write_text(update_docs(target.read_text()))
-    (DOCS / "api.md").write_text(render_api())
+    regenerate(Path(sys.argv[1]) if len(sys.argv) > 1 else DOCS)

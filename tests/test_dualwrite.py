@@ -496,8 +496,9 @@ def test_start_can_be_called_again_after_init_could_not_reach_the_coordinator(
         writer.close()
 
 
-class _CrashError(Exception):
-    """Stands for the process dying at a step (the transaction stays as it is)."""
+class _CrashError(BaseException):
+    """Stands for the process dying at a step (the transaction stays as it is): not an
+    Exception, so the writer re-raises it as it is."""
 
 
 def _heal(proxy: FaultProxy) -> None:
@@ -698,19 +699,17 @@ def test_unsupported_database_and_missing_driver_are_clear(broker):
 
 
 # ---------------------------------------------------------------- resolving a divergence
-def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_url, txn_id):
-    """The database committed a transaction that Kafka aborted (as when the coordinator
-    times it out). start() reports the divergence and keeps reporting it; after the rows
-    are re-sent and resolve() stores the state completed, start() goes on, and the
-    database rows equal what a read_committed consumer sees, each once. resolve() with
-    a state the row does not hold is refused and changes nothing."""
+def _diverged(
+    broker: Any, jdbc_url: str, txn_id: str
+) -> tuple[str, Table, dict[str, Any], PreparedTxnState]:
+    """The writer's recipe, with Kafka aborting after the database decided: the row
+    ``lost`` is in the database, not in Kafka."""
     topic = broker.create_topic()
     events = events_table(f"events_{uuid.uuid4().hex[:10]}")
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
     writer = DualWriter(conf, jdbc_url, mark_completed_after=None)
     events.create(writer.engine, checkfirst=True)
     writer.start()
-    # The writer's recipe, with Kafka aborting after the database decided.
     writer.producer.begin_transaction()
     writer.producer.produce(topic, b"lost")
     state = writer.producer.prepare_transaction()
@@ -723,7 +722,16 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
         )
     writer.producer.abort_transaction()
     writer.close()
+    return topic, events, conf, state
 
+
+def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_url, txn_id):
+    """The database committed a transaction that Kafka aborted (as when the coordinator
+    times it out). start() reports the divergence and keeps reporting it; after the rows
+    are re-sent and resolve() stores the state completed, start() goes on, and the
+    database rows equal what a read_committed consumer sees, each once. resolve() with
+    any other state than the one start() reported is refused and changes nothing."""
+    topic, events, conf, state = _diverged(broker, jdbc_url, txn_id)
     successor = DualWriter(conf, jdbc_url)
     try:
         for _ in range(2):  # it stays diverged until resolved
@@ -733,8 +741,8 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
         other = PreparedTxnState(
             transactional_id=txn_id, producer_id=1, producer_epoch=0, txn_start_ms=1
         )
-        with pytest.raises(InvalidPreparedStateError, match="holds"):
-            successor.resolve(other)
+        with pytest.raises(InvalidPreparedStateError, match="is not it"):
+            successor.resolve(other)  # only the state start() reported can be resolved
         assert _state_row(jdbc_url, txn_id) == str(state)  # nothing changed
         successor.resolve(caught.value.stored_state)
         successor.resolve(caught.value.stored_state)  # harmless
@@ -751,3 +759,26 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
         assert _rows(engine, events) == ["lost", "next"]
     finally:
         engine.dispose()
+
+
+def test_resolve_refuses_once_a_newer_writer_moved_the_row_on(broker, jdbc_url, txn_id):
+    """Two writers both see the divergence; one resolves it and writes its next
+    transaction. The other's resolve() of the old state is refused (the row holds the
+    newer transaction's state) and changes nothing."""
+    topic, events, conf, state = _diverged(broker, jdbc_url, txn_id)
+    slow, fast = DualWriter(conf, jdbc_url), DualWriter(conf, jdbc_url)
+    try:
+        with pytest.raises(TransactionDivergedError):
+            slow.start()
+        with pytest.raises(TransactionDivergedError) as caught:
+            fast.start()
+        fast.resolve(caught.value.stored_state)
+        fast.start()
+        _write(fast, events, topic, "next")
+        moved_on = _state_row(jdbc_url, txn_id)
+        with pytest.raises(InvalidPreparedStateError, match="holds"):
+            slow.resolve(str(state))
+        assert _state_row(jdbc_url, txn_id) == moved_on
+    finally:
+        slow.close()
+        fast.close()

@@ -132,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _mapping(df: Any) -> Any:
-    from kafka_txn.spark import _Mapping
+    from kafka_txn._spark_mapping import Mapping
 
-    return _Mapping.check(df.schema, "t")
+    return Mapping.check(df.schema, "t")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ for confluent-kafka's own exceptions::
           ├── UnsupportedBrokerError    the broker lacks an API two-phase commit needs
           ├── DatabaseCommitUnknownError
           │                             dual write: the database COMMIT's outcome is unknown
+          ├── SinkOwnershipError        Spark sink: another query owns the transactional-id
+          │                             prefix (or a fresh checkpoint reuses it)
+          ├── ReplayMismatchError       Spark sink: a replayed batch's partitioning differs
+          │                             from what its committed partitions wrote
           ├── IllegalStateError         API misuse: wrong call for the producer's state
           ├── ConfigurationError        bad settings (also a ValueError)
           └── InvalidPreparedStateError a stored PreparedTxnState that is malformed or
@@ -57,6 +61,8 @@ __all__ = [
     "KafkaTxnError",
     "ProduceFailedException",
     "ProducerFencedError",
+    "ReplayMismatchError",
+    "SinkOwnershipError",
     "TransactionAbortableError",
     "TransactionDivergedError",
     "TransactionInDoubtError",
@@ -343,3 +349,18 @@ class DatabaseCommitUnknownError(KafkaTxnError):
     outcome unknown (the connection dropped during it). Kafka is not aborted: the
     transaction stays prepared and the writer stops. Restart it: its ``start()`` reads the
     database and commits or aborts Kafka to match."""
+
+
+class SinkOwnershipError(KafkaTxnError):
+    """Raised by the Spark sink on the driver, before a batch writes anything, when its
+    transactional-id prefix belongs to another streaming query: a second query on the
+    prefix, one sink object used by two streams, or a restart from a fresh checkpoint
+    (batch ids start again at 0 and would find the old query's commit markers). The
+    message names both queries; ``start_over=True`` takes the prefix over on purpose."""
+
+
+class ReplayMismatchError(KafkaTxnError):
+    """Raised by the Spark sink on the driver, before a batch writes anything, when a
+    replayed batch has another partition count than when it was first written and some
+    of its partitions already committed: the replay cannot match their commit markers,
+    so rows would be lost or written twice. The message names the batch and both counts."""

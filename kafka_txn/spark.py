@@ -16,235 +16,116 @@ driver before anything is written.
 Exactly once under task retries, speculative duplicates, executor loss and restarts from
 the checkpoint: each partition of a batch is one ``DualWriter`` transaction with the
 stable transactional id ``<prefix>-<partition>`` (a retry fences its zombie and first
-recovers what it left prepared), and a ``(sink, batch, partition)`` commit marker is
-written in the same database transaction as the rows and the prepared state, so a
-replayed partition finds its marker and writes nothing. This needs the batch's partitions
-to hold the same rows when replayed, as Spark's replayable sources (files, Kafka) give.
+recovers what it left prepared), and a ``(sink, query, batch, partition)`` commit marker
+is written in the same database transaction as the rows and the prepared state, so a
+replayed partition finds its marker and writes nothing. Before each batch the driver
+checks that the prefix belongs to this query, that a replayed batch has the partition
+count it was first written with, and settles every unfinished transaction of the prefix
+(``kafka_txn._sink_ledger``). Writers are kept across batches in each Python worker
+(``kafka_txn._sink_tasks``). This needs the batch's partitions to hold the same rows when
+replayed, as Spark's replayable sources (files, Kafka) give.
 
 pyspark is an optional extra: ``pip install 'kafka-txn[spark]'``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Column,
-    Date,
-    DateTime,
-    Float,
-    Integer,
-    LargeBinary,
-    MetaData,
-    Numeric,
-    PrimaryKeyConstraint,
-    String,
-    Table,
-    Text,
-    and_,
-    insert,
-    select,
-)
-from sqlalchemy.types import TypeEngine
+from sqlalchemy import Column, MetaData, String, Table
+from sqlalchemy.engine import Engine
 
 try:
-    from pyspark import TaskContext
-    from pyspark.sql import types as spark_types
+    import pyspark  # noqa: F401 - the extra is present
 except ImportError as exc:  # an optional extra
     raise ImportError("kafka_txn.spark needs pyspark: pip install 'kafka-txn[spark]'") from exc
 
+from ._ddl import create_table_if_missing
+from ._sink_ledger import BATCH_JOB, Ledger
+from ._sink_tasks import PartitionWriter
+from ._spark_mapping import Mapping as RowMapping
+from ._spark_mapping import qualified_table
+from ._spark_options import SinkOptions, StepHook, with_isolation
 from .dualwrite import DualWriter, engine_for, validate_identifier
-from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-    from pyspark.sql.types import StructType
 
 __all__ = ["KafkaJdbcSink", "StepHook"]
 
 log = logging.getLogger("kafka_txn.spark")
 
-StepHook = Callable[[str, int, int, int], None]
-"""``hook(step, batch_id, partition, attempt)``, called after each DualWriter step in the
-executor (fault injection, tracing). Must be picklable: a module-level function."""
-
-_KAFKA_COLUMNS = ("key", "value", "topic", "partition", "headers")
-
-
-def _sql_type(name: str, spark_type: Any) -> TypeEngine[Any]:
-    T = spark_types  # noqa: N806 - reads like Spark's own code
-    simple: dict[type, TypeEngine[Any]] = {
-        T.StringType: Text(),
-        T.BinaryType: LargeBinary(),
-        T.ByteType: Integer(),
-        T.ShortType: Integer(),
-        T.IntegerType: Integer(),
-        T.LongType: BigInteger(),
-        T.FloatType: Float(),
-        T.DoubleType: Float(),
-        T.BooleanType: Boolean(),
-        T.TimestampType: DateTime(),
-        T.TimestampNTZType: DateTime(),
-        T.DateType: Date(),
-    }
-    for spark_cls, sql_type in simple.items():
-        if isinstance(spark_type, spark_cls):
-            return sql_type
-    if isinstance(spark_type, T.DecimalType):
-        return Numeric(spark_type.precision, spark_type.scale)
-    raise ConfigurationError(
-        f"column {name!r} has type {spark_type.simpleString()}, which has no SQL column "
-        "type here: cast it (e.g. to_json() for structs, maps and arrays) or drop it"
-    )
-
-
-@dataclass(frozen=True)
-class _Mapping:
-    """Which columns the batch has, checked on the driver."""
-
-    columns: tuple[str, ...]
-    db_columns: tuple[str, ...]
-    has_key: bool
-    has_topic: bool
-    has_partition: bool
-    has_headers: bool
-    sql_types: dict[str, TypeEngine[Any]] = field(default_factory=dict)
-
-    @classmethod
-    def check(cls, schema: StructType, default_topic: str | None) -> _Mapping:
-        T = spark_types  # noqa: N806
-        fields = {f.name: f.dataType for f in schema.fields}
-        text_or_bytes = (T.StringType, T.BinaryType)
-        if "value" not in fields:
-            raise ConfigurationError(
-                "the DataFrame has no 'value' column: Kafka records need one (string or "
-                f"binary); columns are {sorted(fields)}"
-            )
-        for name in ("key", "value"):
-            if name in fields and not isinstance(fields[name], text_or_bytes):
-                raise ConfigurationError(
-                    f"column {name!r} must be string or binary, not "
-                    f"{fields[name].simpleString()}: cast it"
-                )
-        if "topic" in fields and not isinstance(fields["topic"], T.StringType):
-            raise ConfigurationError("column 'topic' must be a string")
-        if "topic" not in fields and not default_topic:
-            raise ConfigurationError(
-                "no topic: give the sink topic=... or add a 'topic' column to the DataFrame"
-            )
-        if "partition" in fields and not isinstance(fields["partition"], T.IntegerType):
-            raise ConfigurationError("column 'partition' must be an int")
-        if "headers" in fields:
-            headers = fields["headers"]
-            ok = (
-                isinstance(headers, T.ArrayType)
-                and isinstance(headers.elementType, T.StructType)
-                and [f.name for f in headers.elementType.fields] == ["key", "value"]
-            )
-            if not ok:
-                raise ConfigurationError(
-                    "column 'headers' must be array<struct<key:string,value:binary>>, as in "
-                    "Spark's Kafka sink"
-                )
-        db_columns = tuple(n for n in fields if n != "headers")
-        for name in db_columns:
-            validate_identifier(name, "column name")
-        sql_types = {name: _sql_type(name, fields[name]) for name in db_columns}
-        return cls(
-            columns=tuple(fields),
-            db_columns=db_columns,
-            has_key="key" in fields,
-            has_topic="topic" in fields,
-            has_partition="partition" in fields,
-            has_headers="headers" in fields,
-            sql_types=sql_types,
-        )
-
-
-def _commits_table(name: str) -> Table:
-    return Table(
-        validate_identifier(name, "commits_table"),
-        MetaData(),
-        Column("sink", String(200), nullable=False),
-        Column("batch_id", BigInteger, nullable=False),
-        Column("partition_id", Integer, nullable=False),
-        PrimaryKeyConstraint("sink", "batch_id", "partition_id"),
-    )
-
-
-def _data_table(name: str, mapping: _Mapping) -> Table:
-    return Table(
-        validate_identifier(name, "dbtable"),
-        MetaData(),
-        *(Column(col, mapping.sql_types[col]) for col in mapping.db_columns),
-    )
+# Set by Spark's StreamExecution on the thread that runs a micro-batch, and visible from
+# foreachBatch's Python function (py4j pins its calls to that JVM thread): the query's
+# id, which is stable across restarts from the same checkpoint and new with a fresh one.
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 class KafkaJdbcSink:
     """foreachBatch sink writing to Kafka and a JDBC table exactly once (see the module
-    docstring). ``options`` takes Spark-style names (``kafka.bootstrap.servers``, ``topic``,
-    ``url``, ``dbtable``, ``user``, ``password``) and is merged under the keywords."""
+    docstring and docs/spark.md).
+
+    ``options`` takes Spark-style names, case-insensitive (``kafka.bootstrap.servers``,
+    ``topic``, ``url``, ``dbtable``, ``user``, ``password``, ``batchsize``,
+    ``isolationLevel``, ``transactionalIdPrefix``, ``commitsTable``, ``stateTable``,
+    ``onStep``, ``startOver``); keyword arguments win. An option the sink does not
+    honour is refused by name. ``dbtable`` may be schema-qualified (``public.orders``).
+
+    ``start_over=True`` lets this query take the prefix over from another one (after a
+    restart from a fresh checkpoint): set it for the first batch only."""
 
     def __init__(
         self,
         *,
-        transactional_id_prefix: str,
+        transactional_id_prefix: str | None = None,
         url: str | None = None,
         dbtable: str | None = None,
         topic: str | None = None,
         kafka: Mapping[str, Any] | None = None,
         user: str | None = None,
         password: str | None = None,
-        options: Mapping[str, str] | None = None,
-        commits_table: str = "kafka_txn_spark_commits",
-        state_table: str = "kafka_transaction_state",
-        insert_batch_size: int = 1000,
+        options: Mapping[str, Any] | None = None,
+        commits_table: str | None = None,
+        state_table: str | None = None,
+        insert_batch_size: int | None = None,
+        isolation_level: str | None = None,
         on_step: StepHook | None = None,
+        start_over: bool | None = None,
     ) -> None:
-        opts = dict(options or {})
-        self.kafka: dict[str, Any] = {
-            k[len("kafka.") :]: v for k, v in opts.items() if k.startswith("kafka.")
-        }
-        self.kafka.update(kafka or {})
-        for key in ("transactional.id", "transaction.two.phase.commit.enable"):
-            if key in self.kafka:
-                raise ConfigurationError(
-                    f"{key} is set by the sink (one id per partition from "
-                    "transactional_id_prefix): remove it from the Kafka settings"
-                )
-        if "bootstrap.servers" not in self.kafka:
-            raise ConfigurationError(
-                "Kafka bootstrap servers missing: pass kafka={'bootstrap.servers': ...} "
-                "or the option kafka.bootstrap.servers"
-            )
-        self.url = url or opts.get("url")
-        self.dbtable = dbtable or opts.get("dbtable")
-        if not self.url or not self.dbtable:
-            raise ConfigurationError("the sink needs url= (a JDBC URL) and dbtable=")
-        validate_identifier(self.dbtable, "dbtable")
-        self.topic = topic or opts.get("topic")
-        self.user = user if user is not None else opts.get("user")
-        self.password = password if password is not None else opts.get("password")
-        if not transactional_id_prefix or len(transactional_id_prefix) > 200:
-            raise ConfigurationError(
-                "transactional_id_prefix must be 1..200 characters and stable across "
-                "restarts of the query (it names each partition's transactional id)"
-            )
-        self.prefix = transactional_id_prefix
-        self.commits_table = commits_table
-        self.state_table = validate_identifier(state_table, "state_table")
-        _commits_table(commits_table)  # validates the name now
-        if insert_batch_size < 1:
-            raise ConfigurationError("insert_batch_size must be >= 1")
-        self.insert_batch_size = insert_batch_size
-        self.on_step = on_step
+        keywords = {
+            "transactional_id_prefix": transactional_id_prefix, "url": url,
+            "dbtable": dbtable, "topic": topic, "kafka": kafka, "user": user,
+            "password": password, "commits_table": commits_table,
+            "state_table": state_table, "insert_batch_size": insert_batch_size,
+            "isolation_level": isolation_level, "on_step": on_step, "start_over": start_over,
+        }  # fmt: skip
+        self.options = SinkOptions.build(keywords, options)
+        o = self.options
+        qualified_table(o.dbtable, "dbtable")  # names are checked now, not in a batch
+        validate_identifier(o.state_table, "state_table")
+        Ledger.check_names(o.commits_table)
+        self._engine: Engine | None = None
+        self._ledger: Ledger | None = None
         self._tables_ready: set[tuple[str, ...]] = set()
+
+    # The attributes users read; the settings themselves live in ``options``.
+    @property
+    def prefix(self) -> str:
+        return self.options.transactional_id_prefix
+
+    @property
+    def kafka(self) -> dict[str, Any]:
+        return self.options.kafka
+
+    @property
+    def topic(self) -> str | None:
+        return self.options.topic
+
+    @property
+    def dbtable(self) -> str:
+        return self.options.dbtable
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch`` entry point."""
@@ -252,98 +133,60 @@ class KafkaJdbcSink:
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         """Write one batch; running it again with the same ``batch_id`` writes nothing
-        new (per-partition commit markers)."""
-        mapping = _Mapping.check(df.schema, self.topic)
-        self._create_tables(mapping)
-        df.foreachPartition(_PartitionWriter(self, batch_id, mapping))
+        new (per-partition commit markers). Outside a streaming query (a batch job),
+        every ``batch_id`` names one write."""
+        o = self.options
+        mapping = RowMapping.check(df.schema, o.topic)
+        query_id = df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY) or BATCH_JOB
+        ledger = self._prepare(mapping)
+        replaces = ledger.check_owner(query_id, o.start_over)
+        for tid in ledger.unfinished():
+            self._settle(tid)
+        partitions = df.rdd.getNumPartitions()  # the RDD foreachPartition runs (cached)
+        ledger.record_batch(query_id, batch_id, partitions, replaces)
+        df.foreachPartition(PartitionWriter(o, query_id, batch_id, mapping))
 
-    def _create_tables(self, mapping: _Mapping) -> None:
-        """DDL on the driver, so that executors never race on it; once per schema, not
-        once per micro-batch."""
-        if mapping.db_columns in self._tables_ready:
-            return
-        engine = engine_for(self.url or "", self.user, self.password)
-        try:
-            _data_table(self.dbtable or "", mapping).create(engine, checkfirst=True)
-            _commits_table(self.commits_table).create(engine, checkfirst=True)
-        finally:
-            engine.dispose()
-        self._tables_ready.add(mapping.db_columns)
+    def close(self) -> None:
+        """Release the driver's database connections (the sink can still be used)."""
+        if self._engine is not None:
+            self._engine.dispose()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark pickles what foreachBatch closes over; engines do not travel.
+        return {**self.__dict__, "_engine": None, "_ledger": None}
 
-class _PartitionWriter:
-    """Runs in the executor: one partition of one batch as one dual write."""
+    # ------------------------------------------------------------------ internals
+    def _prepare(self, mapping: RowMapping) -> Ledger:
+        """The engine, the ledger and the tables (DDL once per schema, idempotent under
+        concurrency: a second driver or a task creating them at once is fine)."""
+        o = self.options
+        if self._ledger is None:
+            engine = with_isolation(engine_for(o.url, o.user, o.password), o.isolation_level)
+            state = Table(
+                o.state_table, MetaData(),
+                Column("transactional_id", String(255)), Column("prepared_txn_state", String),
+            )  # fmt: skip
+            self._engine = engine
+            self._ledger = Ledger(engine, o.transactional_id_prefix, o.commits_table, state)
+        if mapping.db_columns not in self._tables_ready:
+            assert self._engine is not None
+            create_table_if_missing(self._engine, mapping.table(o.dbtable))
+            self._ledger.create_tables()
+            self._tables_ready.add(mapping.db_columns)
+        return self._ledger
 
-    def __init__(self, sink: KafkaJdbcSink, batch_id: int, mapping: _Mapping) -> None:
-        self.sink = sink
-        self.batch_id = batch_id
-        self.mapping = mapping
-
-    def __call__(self, rows: Iterable[Any]) -> None:
-        rows = iter(rows)
-        first = next(rows, None)
-        if first is None:
-            return  # an empty partition writes nothing, now or when replayed
-        rows = itertools.chain((first,), rows)
-        ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx else 0
-        attempt = ctx.attemptNumber() if ctx else 0
-        sink, hook = self.sink, self.sink.on_step
+    def _settle(self, tid: str) -> None:
+        """Recover one unfinished per-partition transaction on the driver: commit it if
+        the database committed it (a task died in between and its partition is absent or
+        empty in the replay), or raise what recovery found. Fences that id's writers."""
+        o = self.options
         writer = DualWriter(
-            {**sink.kafka, "transactional.id": f"{sink.prefix}-{partition}"},
-            sink.url or "",
-            user=sink.user,
-            password=sink.password,
-            state_table=sink.state_table,
-            on_step=(
-                None if hook is None else lambda step: hook(step, self.batch_id, partition, attempt)
-            ),
+            {**o.kafka, "transactional.id": tid},
+            with_isolation(engine_for(o.url, o.user, o.password), o.isolation_level),
+            state_table=o.state_table,
         )
-        data = _data_table(sink.dbtable or "", self.mapping)
-        commits = _commits_table(sink.commits_table)
-        marker = {"sink": sink.prefix, "batch_id": self.batch_id, "partition_id": partition}
         try:
-            writer.start()  # recovers what an earlier attempt of this partition left
-            with writer.transaction() as tx:
-                done = tx.connection.execute(
-                    select(commits.c.batch_id).where(
-                        and_(*(commits.c[k] == v for k, v in marker.items()))
-                    )
-                ).first()
-                if done:
-                    log.info("batch %s partition %s already written", self.batch_id, partition)
-                    return
-                for chunk in _chunks(rows, sink.insert_batch_size):
-                    tx.connection.execute(
-                        insert(data), [{c: r[c] for c in self.mapping.db_columns} for r in chunk]
-                    )
-                    for r in chunk:
-                        self._produce(tx, r)
-                tx.connection.execute(insert(commits).values(**marker))
+            outcome = writer.start()
+            log.info("settled %s before the batch: %s", tid, outcome.value)
         finally:
             writer.close()
-
-    def _produce(self, tx: Any, row: Any) -> None:
-        m = self.mapping
-        topic = row["topic"] if m.has_topic and row["topic"] else self.sink.topic
-        value = _bytes(row["value"])
-        key = _bytes(row["key"]) if m.has_key else None
-        partition = row["partition"] if m.has_partition and row["partition"] is not None else -1
-        headers = [(h["key"], h["value"]) for h in row["headers"] or ()] if m.has_headers else None
-        tx.produce(topic, value, key, partition, None, 0, headers)
-
-
-def _bytes(value: Any) -> Any:
-    """Spark hands binary columns over as bytearray; confluent-kafka wants bytes."""
-    return bytes(value) if isinstance(value, bytearray) else value
-
-
-def _chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

@@ -1,0 +1,243 @@
+"""The Spark sink's settings: Spark-style option names, case-insensitive as Spark's own
+(``dbTable`` is ``dbtable``), merged under the keyword arguments. Every option is either
+honoured or refused by name; none is silently ignored."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from sqlalchemy import Engine
+
+from .errors import ConfigurationError
+
+StepHook = Callable[[str, int, int, int], None]
+"""``hook(step, batch_id, partition, attempt)``, called after each DualWriter step in the
+executor (fault injection, tracing). Must be picklable: a module-level function or an
+instance of a module-level class."""
+
+# Option name (lower case) -> the keyword argument it sets.
+_NAMES: Final = {
+    "transactionalidprefix": "transactional_id_prefix",
+    "url": "url",
+    "dbtable": "dbtable",
+    "topic": "topic",
+    "user": "user",
+    "password": "password",
+    "batchsize": "insert_batch_size",
+    "isolationlevel": "isolation_level",
+    "commitstable": "commits_table",
+    "statetable": "state_table",
+    "onstep": "on_step",
+    "startover": "start_over",
+}
+
+# Spark's JDBC data source options that mean nothing for an exactly-once append, each
+# with the reason it is refused (https://spark.apache.org/docs/latest/sql-data-sources-jdbc.html).
+_REFUSED: Final = {
+    "driver": "the driver class follows from the URL here (SQLAlchemy dialects)",
+    "truncate": "the sink only appends; truncating would break exactly-once replays",
+    "cascadetruncate": "the sink only appends",
+    "createtableoptions": "the sink creates the table from the schema as is",
+    "createtablecolumntypes": "the sink maps column types itself (see docs/spark.md)",
+    "numpartitions": "repartition the DataFrame instead: one transaction per partition",
+    "querytimeout": "statements are bounded by lockTimeout and the database's own settings",
+    "sessioninitstatement": "the sink's connections are pooled and reused across batches",
+    "query": "the sink writes to a table: use dbtable",
+    "customschema": "a read option",
+    "fetchsize": "a read option",
+    "partitioncolumn": "a read option",
+    "lowerbound": "a read option",
+    "upperbound": "a read option",
+    "preparequery": "a read option",
+    "pushdownpredicate": "a read option",
+    "pushdownaggregate": "a read option",
+    "pushdownlimit": "a read option",
+    "pushdownoffset": "a read option",
+    "pushdowntablesample": "a read option",
+    "prefertimestampntz": "a read option",
+    "keytab": "Kerberos is not supported by the SQLAlchemy drivers used here",
+    "principal": "Kerberos is not supported by the SQLAlchemy drivers used here",
+    "refreshkrb5config": "Kerberos is not supported by the SQLAlchemy drivers used here",
+    "connectionprovider": "connections are made by SQLAlchemy from the URL",
+    "kafka.transactional.id": "the sink sets one id per partition from transactionalIdPrefix",
+    "kafka.transaction.two.phase.commit.enable": "the sink always uses two-phase commit",
+}
+
+# Spark's isolationLevel names -> SQLAlchemy's. NONE and READ_UNCOMMITTED are refused: the
+# sink reads its commit markers to decide whether a partition was written, and a dirty
+# read of another attempt's uncommitted marker would skip rows that then roll back.
+_ISOLATION: Final = {
+    "READ_COMMITTED": "READ COMMITTED",
+    "REPEATABLE_READ": "REPEATABLE READ",
+    "SERIALIZABLE": "SERIALIZABLE",
+}
+_SQLITE_ISOLATION: Final = ("SERIALIZABLE",)
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The sink's settings, validated."""
+
+    transactional_id_prefix: str
+    url: str
+    dbtable: str
+    topic: str | None
+    kafka: dict[str, Any]
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    insert_batch_size: int = 1000
+    isolation_level: str | None = None
+    commits_table: str = "kafka_txn_sink_commits"
+    state_table: str = "kafka_transaction_state"
+    on_step: StepHook | None = None
+    start_over: bool = False
+
+    @classmethod
+    def build(cls, keywords: Mapping[str, Any], options: Mapping[str, Any] | None) -> SinkOptions:
+        """Merge Spark-style ``options`` under ``keywords`` (non-None keywords win)."""
+        kafka: dict[str, Any] = {}
+        merged: dict[str, Any] = {}
+        seen: dict[str, str] = {}
+        for key, value in (options or {}).items():
+            if not isinstance(key, str):
+                raise ConfigurationError(f"option names are strings, not {key!r}")
+            lower = key.lower()
+            if lower in seen:
+                raise ConfigurationError(
+                    f"options {seen[lower]!r} and {key!r} are the same option (names are "
+                    "case-insensitive, as in Spark): keep one"
+                )
+            seen[lower] = key
+            if lower in _REFUSED:
+                raise ConfigurationError(
+                    f"option {key!r} is not supported by the sink: {_REFUSED[lower]}"
+                )
+            if lower.startswith("kafka."):
+                kafka[lower[len("kafka.") :]] = value  # librdkafka names are lower case
+            elif lower in _NAMES:
+                merged[_NAMES[lower]] = value
+            else:
+                raise ConfigurationError(
+                    f"unknown option {key!r}: the sink takes kafka.* (librdkafka settings), "
+                    f"{', '.join(sorted(_spark_spelling()))}"
+                )
+        kafka_keywords = keywords.get("kafka") or {}
+        kafka.update(kafka_keywords)
+        for key in ("transactional.id", "transaction.two.phase.commit.enable"):
+            if key in kafka:
+                raise ConfigurationError(
+                    f"{key} is set by the sink (one id per partition from "
+                    "transactional_id_prefix): remove it from the Kafka settings"
+                )
+        if "bootstrap.servers" not in kafka:
+            raise ConfigurationError(
+                "Kafka bootstrap servers missing: pass kafka={'bootstrap.servers': ...} "
+                "or the option kafka.bootstrap.servers"
+            )
+        for name, value in keywords.items():
+            if name != "kafka" and value is not None:
+                merged[name] = value
+        return cls._validated(kafka, merged)
+
+    @classmethod
+    def _validated(cls, kafka: dict[str, Any], given: dict[str, Any]) -> SinkOptions:
+        prefix = given.get("transactional_id_prefix")
+        if not isinstance(prefix, str) or not prefix or len(prefix) > 200:
+            raise ConfigurationError(
+                "transactional_id_prefix (option transactionalIdPrefix) must be 1..200 "
+                "characters and stable across restarts of the query: it names each "
+                "partition's transactional id"
+            )
+        url, dbtable = given.get("url"), given.get("dbtable")
+        if not url or not dbtable:
+            raise ConfigurationError("the sink needs url= (a JDBC URL) and dbtable=")
+        size = _integer(given.get("insert_batch_size", 1000), "insert_batch_size (batchsize)")
+        if size < 1:
+            raise ConfigurationError(f"insert_batch_size (batchsize) must be >= 1, not {size}")
+        return cls(
+            transactional_id_prefix=prefix,
+            url=str(url),
+            dbtable=str(dbtable),
+            topic=given.get("topic"),
+            kafka=kafka,
+            user=given.get("user"),
+            password=given.get("password"),
+            insert_batch_size=size,
+            isolation_level=_isolation(given.get("isolation_level")),
+            commits_table=given.get("commits_table", cls.commits_table),
+            state_table=given.get("state_table", cls.state_table),
+            on_step=_hook(given.get("on_step")),
+            start_over=_flag(given.get("start_over", False), "start_over (startOver)"),
+        )
+
+
+def with_isolation(engine: Engine, level: str | None) -> Engine:
+    """``engine`` running its transactions at ``level`` (None: the database's default)."""
+    if level is None:
+        return engine
+    if engine.dialect.name == "sqlite" and level not in _SQLITE_ISOLATION:
+        raise ConfigurationError(
+            f"isolationLevel {level.replace(' ', '_')} is not available on SQLite, whose "
+            "transactions are SERIALIZABLE: drop the option or set SERIALIZABLE"
+        )
+    return engine.execution_options(isolation_level=level)
+
+
+def _spark_spelling() -> set[str]:
+    return {"transactionalIdPrefix", "url", "dbtable", "topic", "user", "password",
+            "batchsize", "isolationLevel", "commitsTable", "stateTable", "onStep",
+            "startOver"}  # fmt: skip
+
+
+def _integer(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{what} must be an integer, not {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{what} must be an integer, not {value!r}") from None
+
+
+def _flag(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigurationError(f"{what} must be true or false, not {value!r}")
+
+
+def _isolation(value: Any) -> str | None:
+    if value is None:
+        return None
+    name = str(value).upper().replace(" ", "_")
+    if name in _ISOLATION:
+        return _ISOLATION[name]
+    if name in ("NONE", "READ_UNCOMMITTED"):
+        raise ConfigurationError(
+            f"isolationLevel {name} is refused: the sink decides whether a partition was "
+            "already written from its commit markers, which must not be read dirty; use "
+            "READ_COMMITTED (or leave the database default)"
+        )
+    raise ConfigurationError(
+        f"isolationLevel {value!r} is not one of READ_COMMITTED, REPEATABLE_READ, SERIALIZABLE"
+    )
+
+
+def _hook(value: Any) -> StepHook | None:
+    """A callable, or ``"module:attribute"`` naming one (options are strings in Spark)."""
+    if value is None or callable(value):
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, str) and ":" in value:
+        module, _, attribute = value.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigurationError(f"onStep {value!r} cannot be imported: {exc}") from exc
+        if callable(found):
+            return found  # type: ignore[no-any-return]
+    raise ConfigurationError(
+        f"onStep must be a callable or 'module:attribute' naming one, not {value!r}"
+    )

@@ -126,15 +126,24 @@ class Driver:
         return int(self.call("flush", self.producer.flush, -1 if timeout is None else timeout))
 
     def retrying(
-        self, operation: str, call: Callable[[float], object], timeout: float | None
+        self,
+        operation: str,
+        call: Callable[[float], object],
+        timeout: float | None,
+        *,
+        defer_callback_errors: bool = False,
     ) -> None:
         """Run a blocking librdkafka call, retrying retriable errors until the deadline
-        (tenacity), translating everything else through the error table."""
+        (tenacity), translating everything else through the error table.
+        ``defer_callback_errors``: see ``call``."""
         budget = self._operation_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
 
         def attempt() -> None:
-            self.call(operation, call, max(0.001, deadline - time.monotonic()))
+            self.call(
+                operation, call, max(0.001, deadline - time.monotonic()),
+                defer_callback_errors=defer_callback_errors,
+            )  # fmt: skip
 
         try:
             try:
@@ -168,11 +177,20 @@ class Driver:
                 ) from exc
             raise self.on_call_error(exc, operation) from exc
 
-    def call(self, operation: str, call: Callable[..., Any], *args: Any) -> Any:
+    def call(
+        self,
+        operation: str,
+        call: Callable[..., Any],
+        *args: Any,
+        defer_callback_errors: bool = False,
+    ) -> Any:
         """One confluent-kafka call that may run callbacks: surfaces a fatal error
         recorded meanwhile, and re-raises a user callback's exception here, outside
         librdkafka's stack (raising inside it is what makes confluent-kafka raise
-        SystemError)."""
+        SystemError). With ``defer_callback_errors`` the exception stays stashed, for a
+        caller that must first finish what the call's success means (commit, abort:
+        the lifecycle moves on) and then raise it (``Deliveries.raise_callback_error``);
+        a failure of the call itself is then raised, not hidden behind the callback's."""
         deliveries = self.deliveries
         try:
             result = call(*args)
@@ -190,10 +208,12 @@ class Driver:
                 ErrorCategory.FATAL
             ):
                 raise self.on_call_error(exc, operation) from exc
-            deliveries.raise_callback_error()
+            if not defer_callback_errors:
+                deliveries.raise_callback_error()
             raise
         deliveries.collect()
-        deliveries.raise_callback_error()
+        if not defer_callback_errors:
+            deliveries.raise_callback_error()
         if self.life.fatal is not None and operation in ("poll", "flush"):
             raise self.life.fatal.with_traceback(None)
         return result
@@ -246,9 +266,9 @@ class Driver:
         self.life.enter_abortable(exc)
         return exc
 
-    def drain(self) -> None:
+    def drain(self, *, defer_callback_errors: bool = False) -> None:
         """Serve whatever callbacks are queued (_call surfaces a fatal error they bring)."""
-        self.call("poll", self.producer.poll, 0)
+        self.call("poll", self.producer.poll, 0, defer_callback_errors=defer_callback_errors)
 
     def on_error(self, err: KafkaError) -> None:
         # confluent-kafka hands error_cb the underlying error of a _FATAL, flagged fatal().

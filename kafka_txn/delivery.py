@@ -10,7 +10,8 @@ callbacks. A user's own ``on_delivery`` needs a Python call per report anyway, s
 
 User callbacks never raise inside librdkafka's stack (that is what makes confluent-kafka
 raise SystemError): their first exception is stashed and re-raised by the producer once
-the librdkafka call has returned.
+the librdkafka call has returned; commit, abort, init and close re-raise it only after
+their own work is done, with a note saying what that was.
 """
 
 from __future__ import annotations
@@ -128,9 +129,13 @@ class Deliveries:
         if self.callback_error is None:
             self.callback_error = exc
 
-    def raise_callback_error(self) -> None:
+    def raise_callback_error(self, note: str | None = None) -> None:
+        """Raise the stashed callback exception, if any, itself (never wrapped); ``note``
+        (PEP 678) says what the call that served it did."""
         if self.callback_error is not None:
             exc, self.callback_error = self.callback_error, None
+            if note is not None:
+                _add_note(exc, note)
             raise exc
 
     def record_failure(self, failure: ProduceFailedException) -> None:
@@ -147,3 +152,12 @@ class Deliveries:
             if isinstance(fatal, FatalError):
                 fatal.__cause__ = failure
                 self._on_fatal(fatal)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; on Python 3.10, where it is missing, the same attribute."""
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None:
+        add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]

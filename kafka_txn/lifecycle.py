@@ -110,11 +110,13 @@ _HINTS: Final[Mapping[State, str]] = {
         "stored state; it is never aborted"
     ),
     S.COMMITTING: (
-        "a commit_transaction() call ran out of time and the broker may already have "
-        "committed: call commit_transaction() again, or close() the producer and let the "
-        "next init_transactions() settle the transaction; never abort it"
+        "commit_transaction() is running, or ran out of time and the broker may already "
+        "have committed: call commit_transaction() again, or close() the producer and let "
+        "the next init_transactions() settle the transaction; never abort it"
     ),
-    S.ABORTING: "an abort is in progress: call abort_transaction() again",
+    S.ABORTING: (
+        "abort_transaction() is running, or ran out of time: call abort_transaction() again"
+    ),
     S.ABORTABLE: "the transaction failed: call abort_transaction()",
     S.RECOVERING: (
         "init_transactions(keep_prepared_txn=True) was called: settle the kept transaction "

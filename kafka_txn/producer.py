@@ -28,13 +28,16 @@ from .errors import (
     ConfigurationError,
     IllegalStateError,
     KafkaTxnError,
+    TransactionAbortableError,
+    TransactionOutcomeUnknownError,
+    root_exception,
 )
 from .futures import _PENDING, DeliveryFuture
 from .lifecycle import ALLOWED, Lifecycle, State
 from .metrics import MetricsHook, timed
 from .recovery import TransactionOutcome
 from .state import PreparedTxnState
-from .twophase import TwoPhase, prepare_failed
+from .twophase import Recovered, TwoPhase, prepare_failed
 
 __all__ = ["DeliveryCallback", "Serializer", "TransactionalProducer"]
 
@@ -62,6 +65,13 @@ _new = object.__new__
 def _count(counter: itertools.count[int]) -> int:
     """The next value ``counter`` would return, without taking it."""
     return int(repr(counter)[len("count(") : -1])
+
+
+def _sends_under_way(budget: float) -> TransactionAbortableError:
+    return TransactionAbortableError(
+        f"a produce()/send() in another thread did not return within {budget:g}s, so "
+        "whether its record belongs to the transaction is not known"
+    )
 
 
 def _build_producer(conf: dict[str, Any]) -> Producer:
@@ -197,22 +207,39 @@ class TransactionalProducer:
         until ``complete_transaction(stored_state)`` settles it; only then are
         transactions initialised (and zombies fenced). It may be called again while that
         settlement has not succeeded."""
-        with self._lock, timed(self._metrics, "init_transactions"):
-            if keep_prepared_txn:
-                self._two_phase("init_transactions(keep_prepared_txn=True)")
-                self._life.require("init_transactions(keep_prepared_txn=True)")
-                self._life.transition_to(State.RECOVERING)
-                return
-            self._life.require("init_transactions")
-            self._init_librdkafka(timeout)
+        with self._lock:
+            with timed(self._metrics, "init_transactions"):
+                if keep_prepared_txn:
+                    self._two_phase("init_transactions(keep_prepared_txn=True)")
+                    self._life.require("init_transactions(keep_prepared_txn=True)")
+                    self._life.transition_to(State.RECOVERING)
+                    return
+                self._life.require("init_transactions")
+                self._init_librdkafka(timeout)
+            self._raise_callback_error("init_transactions() succeeded")
 
     def _init_librdkafka(self, timeout: float | None) -> None:
-        self._io.retrying("init_transactions", self._producer.init_transactions, timeout)
+        """librdkafka's init_transactions(); a callback's exception stays stashed for the
+        public call to raise once done (``_raise_callback_error``)."""
+        self._io.retrying(
+            "init_transactions", self._producer.init_transactions, timeout,
+            defer_callback_errors=True,
+        )  # fmt: skip
         self._life.transition_to(State.READY)
         if self._twophase is not None:
-            self._io.drain()  # statistics queued before init are stale
+            self._io.drain(defer_callback_errors=True)  # statistics queued before init are stale
             self._twophase.identity.invalidate()
             self._twophase.prepared = None
+            self._twophase.recovered = None
+
+    def _raise_callback_error(self, done: str) -> None:
+        """Raise a user callback's exception served by a transactional call that
+        succeeded, now that the lifecycle shows that success; the note says what the call
+        did, so that nobody takes the exception for a failed commit or abort."""
+        self._deliveries.raise_callback_error(
+            f"kafka-txn: this exception was raised by your callback; {done} (the "
+            f"producer is now '{self._life.state.value}'): do not retry or undo it"
+        )
 
     def begin_transaction(self) -> None:
         """Start a transaction; records sent until commit or abort belong to it."""
@@ -316,7 +343,13 @@ class TransactionalProducer:
         ``TransactionOutcomeUnknownError`` when retriable errors outlast the deadline (call
         ``commit_transaction()`` again; never abort then). A prepared transaction's
         failed commit raises ``TransactionInDoubtError`` instead: it is never aborted."""
-        with self._lock, timed(self._metrics, "commit_transaction"):
+        with self._lock:
+            self._commit(timeout)
+            self._raise_callback_error("commit_transaction() succeeded")
+
+    def _commit(self, timeout: float | None) -> None:
+        """The body of commit_transaction(); a callback's exception stays stashed."""
+        with timed(self._metrics, "commit_transaction"):
             state = self._life.state
             if state is State.ABORTABLE:
                 raise self._io.commit_failed(self._life.abortable)
@@ -328,12 +361,20 @@ class TransactionalProducer:
                 assert self._twophase is not None
                 self._twophase.commit_prepared(timeout)
                 return
+            # Sends are refused from here on; those under way are waited for, so that a
+            # record failing in one of them (a serializer) is seen before committing.
+            self._life.transition_to(State.COMMITTING)
+            budget = self._operation_timeout if timeout is None else timeout
+            if not self._await_sends(time.monotonic() + budget):
+                raise self._io.commit_failed(_sends_under_way(budget))
             first_failure = self._deliveries.first_failure
             if first_failure is not None:  # a record already failed: cannot commit
                 raise self._io.commit_failed(first_failure)
-            self._life.transition_to(State.COMMITTING)
             try:
-                self._io.retrying("commit_transaction", self._producer.commit_transaction, timeout)
+                self._io.retrying(
+                    "commit_transaction", self._producer.commit_transaction, timeout,
+                    defer_callback_errors=True,
+                )  # fmt: skip
             except CommitFailedException:
                 # A record that failed during commit's flush is the real cause (KIP-691).
                 if self._deliveries.first_failure is not None:
@@ -346,17 +387,37 @@ class TransactionalProducer:
         consumers, and records still queued fail with TRANSACTION_FAILED. Refused once a
         commit may have reached the broker (a timed-out commit, a prepared transaction
         whose commit was attempted)."""
-        with self._lock, timed(self._metrics, "abort_transaction"):
+        with self._lock:
+            self._abort(timeout)
+            self._raise_callback_error("abort_transaction() succeeded")
+
+    def _abort(self, timeout: float | None) -> None:
+        """The body of abort_transaction(); a callback's exception stays stashed."""
+        with timed(self._metrics, "abort_transaction"):
             state = self._life.state
             if state is State.RECOVERING:
                 self._settle_kept_transaction(commit=False, timeout=timeout)
                 return
             self._life.require("abort_transaction")
             self._life.transition_to(State.ABORTING)
-            self._io.retrying("abort_transaction", self._producer.abort_transaction, timeout)
+            # A send under way would otherwise reach librdkafka after the abort, outside
+            # any transaction or inside the next one.
+            budget = self._operation_timeout if timeout is None else timeout
+            if not self._await_sends(time.monotonic() + budget):
+                raise TransactionOutcomeUnknownError(
+                    f"abort_transaction(): a produce()/send() in another thread did not "
+                    f"return within {budget:g}s, so nothing was aborted yet: call "
+                    "abort_transaction() again",
+                    kafka_error=KafkaError(KafkaError._TIMED_OUT),
+                    operation="abort_transaction",
+                )
+            self._io.retrying(
+                "abort_transaction", self._producer.abort_transaction, timeout,
+                defer_callback_errors=True,
+            )  # fmt: skip
             # librdkafka purged the queue; serve those reports now so that none of them is
             # counted against the next transaction.
-            self._io.drain()
+            self._io.drain(defer_callback_errors=True)
             self._deliveries.reset()
             self._life.aborted()
             if self._twophase is not None:
@@ -382,19 +443,25 @@ class TransactionalProducer:
             self._life.require("prepare_transaction")
             self._life.transition_to(State.PREPARING)
             budget = self._operation_timeout if timeout is None else timeout
-            return twophase.prepare(time.monotonic() + budget, self._await_sends)
+            return twophase.prepare(time.monotonic() + budget, self._await_sends_to_prepare)
 
-    def _await_sends(self, deadline: float) -> None:
-        """Wait until no produce()/send() is under way. The state is PREPARING already,
-        so a send that starts later is refused. Under the GIL the counters' reads and
-        increments are sequentially consistent: reading "done" and then "started" equal
-        proves that at that instant no send had passed its state check unfinished."""
+    def _await_sends_to_prepare(self, deadline: float) -> None:
+        if not self._await_sends(deadline):
+            raise prepare_failed("a produce()/send() in another thread did not return")
+
+    def _await_sends(self, deadline: float) -> bool:
+        """Wait until no produce()/send() is under way; False if one still is at
+        ``deadline``. The state is no longer IN_TRANSACTION (preparing, committing,
+        aborting), so a send that starts later is refused. Under the GIL the counters'
+        reads and increments are sequentially consistent: reading "done" and then
+        "started" equal proves that at that instant no send had passed its state check
+        unfinished."""
         while True:
             done = _count(self._sends_done)
             if _count(self._sends_started) == done:
-                return
+                return True
             if time.monotonic() >= deadline:
-                raise prepare_failed("a produce()/send() in another thread did not return")
+                return False
             time.sleep(0.0002)
 
     def complete_transaction(
@@ -404,9 +471,13 @@ class TransactionalProducer:
         before_init: Callable[[TransactionOutcome], None] | None = None,
         timeout: float | None = None,
     ) -> TransactionOutcome:
-        """Second phase of KIP-939: commit if ``state`` is the prepared transaction's,
-        abort otherwise (refused once a commit was attempted: ``TransactionInDoubtError``
-        came before).
+        """Second phase of KIP-939: commit if ``state`` is the prepared transaction's
+        (same producer id, epoch and start time); abort if it is the empty state or the
+        state of another transaction of this transactional id (an abort is refused once
+        a commit was attempted: ``TransactionInDoubtError`` came before). A state of
+        another transactional id or cluster, or without a start time (the Java
+        "pid:epoch" form), is refused with ``InvalidPreparedStateError`` and the
+        transaction stays prepared.
 
         After ``init_transactions(keep_prepared_txn=True)``, ``state`` is what the
         database stored; this runs recovery (commit the in-doubt transaction if it is the
@@ -415,18 +486,20 @@ class TransactionalProducer:
         ``before_init(outcome)`` (the place to store ``state.mark_completed()``, so that
         a crash now cannot make the next recovery guess), and only then initialises
         transactions, which aborts anything else still open and fences zombies. If
-        recovery raises, the producer stays recovering and this may be called again."""
+        recovery raises, the producer stays recovering and this may be called again. If
+        the init after it fails (``TransactionOutcomeUnknownError``), recovery's outcome
+        is kept: calling this again with the same state only runs what is left (the
+        ``before_init`` hook if it raised, then the init)."""
         if isinstance(state, str):
             state = PreparedTxnState.parse(state)
         with self._lock:
             twophase = self._two_phase("complete_transaction")
             current = self._life.state
             if current is State.RECOVERING:
-                with timed(self._metrics, "recovery"):
-                    outcome = twophase.recover(state)
-                if before_init is not None:
-                    before_init(outcome)
-                self._init_librdkafka(timeout)
+                outcome = self._recover(twophase, state, before_init, timeout)
+                self._raise_callback_error(
+                    f"complete_transaction() succeeded: recovery's outcome is {outcome.value}"
+                )
                 return outcome
             if current not in ALLOWED["complete_transaction"]:
                 self._life.raise_if_dead("complete_transaction")
@@ -436,15 +509,51 @@ class TransactionalProducer:
                     "init_transactions(keep_prepared_txn=True) to recover",
                     kafka_error=KafkaError(KafkaError.INVALID_TXN_STATE),
                 )
-            if state == twophase.prepared:
-                self.commit_transaction(timeout)
+            if twophase.decides_commit(state):  # a foreign state raises here
+                self._commit(timeout)
                 outcome = TransactionOutcome.COMMITTED
             else:
-                self.abort_transaction(timeout)  # refused when in doubt
+                self._abort(timeout)  # refused when in doubt
                 outcome = TransactionOutcome.ABORTED
             if before_init is not None:
                 before_init(outcome)
+            self._raise_callback_error(
+                f"complete_transaction() succeeded: the transaction is {outcome.value}"
+            )
             return outcome
+
+    def _recover(
+        self,
+        twophase: TwoPhase,
+        state: PreparedTxnState,
+        before_init: Callable[[TransactionOutcome], None] | None,
+        timeout: float | None,
+    ) -> TransactionOutcome:
+        """complete_transaction() in RECOVERING: recovery, the hook, the init; what a
+        call that failed after recovery had settled the state already did is not done
+        again (``twophase.recovered``)."""
+        done = twophase.recovered
+        if done is None or done.stored != state:
+            with timed(self._metrics, "recovery"):
+                outcome = twophase.recover(state)
+            done = twophase.recovered = Recovered(state, outcome)
+        if before_init is not None and not done.before_init_ran:
+            before_init(done.outcome)
+            done.before_init_ran = True
+        try:
+            self._init_librdkafka(timeout)
+        except TransactionOutcomeUnknownError as exc:
+            budget = self._operation_timeout if timeout is None else timeout
+            raise TransactionOutcomeUnknownError(
+                f"complete_transaction(): recovery settled the stored transaction "
+                f"(outcome: {done.outcome.value}), then init_transactions() did not "
+                f"complete within {budget:g}s ({exc.kafka_error.str()}): call "
+                "complete_transaction() again with the same state, which does not recover "
+                "again but only initialises",
+                kafka_error=exc.kafka_error,
+                operation="complete_transaction",
+            ) from root_exception(exc)
+        return done.outcome
 
     def _two_phase(self, operation: str) -> TwoPhase:
         if self._twophase is None:
@@ -499,9 +608,11 @@ class TransactionalProducer:
             state = self._life.state
             if state is State.CLOSED:
                 return
+            done = "close() closed the producer"
             if state in (_IN_TXN, State.ABORTABLE, State.ABORTING):
                 try:
-                    self.abort_transaction(timeout)
+                    self._abort(timeout)
+                    done = "close() aborted the open transaction and closed the producer"
                 except KafkaTxnError as exc:
                     log.warning("close(): abort of the open transaction failed: %s", exc)
             keep_open = self._twophase is not None and self._twophase.prepared is not None
@@ -509,6 +620,7 @@ class TransactionalProducer:
             if self._twophase is not None:
                 self._twophase.close()
             self._io.release(keep_transaction_open=keep_open)
+            self._raise_callback_error(done)
 
     def __enter__(self) -> TransactionalProducer:
         return self

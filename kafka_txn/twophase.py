@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from .delivery import Deliveries
 from .errors import (
     ConfigurationError,
     FatalError,
+    InvalidPreparedStateError,
     KafkaTxnError,
     ProducerFencedError,
     TransactionAbortableError,
@@ -38,12 +40,13 @@ from .errors import (
     root_exception,
 )
 from .lifecycle import Lifecycle, State
-from .recovery import TransactionOutcome, recover
+from .recovery import TransactionOutcome, check_belongs, recover
 from .state import PreparedTxnState
 
 __all__ = [
     "DEFAULT_STATISTICS_INTERVAL_MS",
     "IdentityTracker",
+    "Recovered",
     "TwoPhase",
     "coordinator_failure",
     "prepare_failed",
@@ -179,6 +182,18 @@ def prepare_failed(reason: str, cause: KafkaTxnError | None = None) -> Transacti
     return exc
 
 
+@dataclass
+class Recovered:
+    """What recovery settled in this process, kept until the init after it succeeds:
+    ``complete_transaction()`` called again with the same stored state resumes after
+    recovery instead of running it again (a partial init bumps the epoch, after which
+    the committed transaction could no longer be told from an aborted one)."""
+
+    stored: PreparedTxnState
+    outcome: TransactionOutcome
+    before_init_ran: bool = False
+
+
 class TwoPhase:
     """Two-phase-commit state and coordinator steps of one TransactionalProducer."""
 
@@ -204,6 +219,8 @@ class TwoPhase:
         self.identity = IdentityTracker(chained_stats)
         self.prepared: PreparedTxnState | None = None
         """The prepared transaction not yet settled (committed, or left for recovery)."""
+        self.recovered: Recovered | None = None
+        """Recovery's result while the init after it has not succeeded."""
         self.cluster_id: str | None = None
         self.last_start_ms: int | None = None
         self.last_describe_at = 0.0
@@ -346,7 +363,10 @@ class TwoPhase:
         prepared = self.prepared
         self._life.transition_to(State.IN_DOUBT)
         try:
-            self._io.retrying("commit_transaction", self._io.producer.commit_transaction, timeout)
+            self._io.retrying(
+                "commit_transaction", self._io.producer.commit_transaction, timeout,
+                defer_callback_errors=True,
+            )  # fmt: skip
         except KafkaTxnError as exc:
             retriable = isinstance(exc, TransactionOutcomeUnknownError)
             again = "Call commit_transaction() again, or close" if retriable else "Close"
@@ -363,6 +383,29 @@ class TwoPhase:
             ) from root_exception(exc)
         self._life.transition_to(State.READY)
         self.prepared = None
+
+    def decides_commit(self, state: PreparedTxnState) -> bool:
+        """``complete_transaction(state)``'s reading of ``state`` for the prepared
+        transaction: True (commit) for the prepared transaction's state (same producer
+        id, epoch and start time, marked completed or not); False (abort) for the empty
+        state or the state of another transaction of this transactional id. A state that
+        is no decision about this id's transactions (another transactional id or
+        cluster, or no start time, as the Java "pid:epoch" form) raises
+        ``InvalidPreparedStateError`` and leaves the transaction prepared."""
+        prepared = self.prepared
+        assert prepared is not None  # PREPARED and IN_DOUBT hold it
+        if state.is_empty:
+            return prepared.is_empty
+        check_belongs(state, self.transactional_id, self.cluster_id)
+        if state.txn_start_ms is None:
+            raise InvalidPreparedStateError(
+                f"complete_transaction(): the state {str(state)!r} has no transaction start "
+                "time (the Java 'pid:epoch' form), so it names neither this transaction nor "
+                "another: pass the state prepare_transaction() returned to commit, or the "
+                "stored state of an earlier transaction (or '') to abort. The transaction "
+                "is still prepared"
+            )
+        return not prepared.is_empty and _identity(state) == _identity(prepared)
 
     def await_identity(self, poll: Callable[[float], int], deadline: float) -> tuple[int, int]:
         """This producer's id and epoch; waits for a statistics snapshot only after an
@@ -452,3 +495,7 @@ class TwoPhase:
                 partial(self.client.end_txn, seen.producer_id, seen.producer_epoch, True),
                 recovering=True,
             )
+
+
+def _identity(state: PreparedTxnState) -> tuple[int | None, int | None, int | None]:
+    return state.producer_id, state.producer_epoch, state.txn_start_ms

@@ -16,6 +16,8 @@ from kafka_txn import (
     CommitFailedException,
     FatalError,
     IllegalStateError,
+    InvalidPreparedStateError,
+    PreparedTxnState,
     TransactionAbortableError,
     TransactionalProducer,
     TransactionInDoubtError,
@@ -100,6 +102,73 @@ def test_send_during_prepare_raises_illegal_state(broker, producer_config):
         assert len(errors) == 1 and "preparing" in str(errors[0])
         producer.complete_transaction(state)
         assert broker.read_committed(topic, expected=1) == [(None, b"first")]
+    finally:
+        producer.close()
+
+
+# ---------------------------------------------------------------- the decision handed back
+def _foreign(state: PreparedTxnState, kind: str) -> PreparedTxnState:
+    if kind == "another transactional id":
+        return state.model_copy(update={"transactional_id": "some-other-writer"})
+    if kind == "another cluster":
+        return state.model_copy(update={"cluster_id": "another-cluster"})
+    return PreparedTxnState(f"{state.producer_id}:{state.producer_epoch}")  # Java form
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize(
+    "kind", ["another transactional id", "another cluster", "java pid:epoch form"]
+)
+def test_a_state_that_is_no_decision_about_this_transaction_is_refused_not_taken_as_abort(
+    broker, producer_config, kind
+):
+    """The decider committed the prepared transaction; complete_transaction() is then
+    handed a state that is not about this transactional id's transactions (another id,
+    another cluster, or no start time as in the Java "pid:epoch" form). It raises
+    InvalidPreparedStateError and the transaction stays prepared: it is not aborted,
+    and the right state still commits it."""
+    topic = broker.create_topic(partitions=1)
+    producer = TransactionalProducer({**producer_config, **TWO_PC})
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"order-1")
+        state = producer.prepare_transaction()
+        with pytest.raises(InvalidPreparedStateError):
+            producer.complete_transaction(_foreign(state, kind))
+        assert producer.state == "prepared"
+        assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
+        assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
+    finally:
+        producer.close()
+
+
+@pytest.mark.broker
+def test_the_state_of_an_earlier_transaction_aborts_and_the_prepared_one_commits(
+    broker, producer_config
+):
+    """What the decider hands back decides: the stored state of an earlier transaction
+    of this id (the database rolled back, keeping the previous state) aborts; the
+    prepared transaction's own state commits it, also when marked completed."""
+    topic = broker.create_topic(partitions=1)
+    producer = TransactionalProducer({**producer_config, **TWO_PC})
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"first")
+        earlier = producer.prepare_transaction()
+        assert producer.complete_transaction(earlier) is TransactionOutcome.COMMITTED
+        producer.begin_transaction()
+        producer.produce(topic, b"rolled-back")
+        producer.prepare_transaction()
+        assert producer.complete_transaction(earlier) is TransactionOutcome.ABORTED
+        producer.begin_transaction()
+        producer.produce(topic, b"second")
+        state = producer.prepare_transaction()
+        assert producer.complete_transaction(state.mark_completed()) is (
+            TransactionOutcome.COMMITTED
+        )
+        assert broker.read_committed(topic, expected=2) == [(None, b"first"), (None, b"second")]
     finally:
         producer.close()
 

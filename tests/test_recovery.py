@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from kafka_txn import (
     FatalError,
@@ -21,6 +21,7 @@ from kafka_txn import (
     TransactionDivergedError,
     TransactionOutcome,
     TransactionOutcomeUnknowableError,
+    TransactionOutcomeUnknownError,
 )
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import TRANSACTIONAL_ID_NOT_FOUND
@@ -404,6 +405,65 @@ def test_coordinator_moves_during_recovery_are_retried(broker, topic, producer_c
         assert len(proxy.injected) == 5
     assert broker.read_committed(topic, expected=1) == [(None, b"in-doubt")]
     p.close()
+
+
+class _InitReplyLate:
+    """confluent-kafka's Producer whose init_transactions() reaches the broker (which
+    bumps the epoch) but whose reply comes too late: while ``late`` is set every call
+    raises _TIMED_OUT, as librdkafka's does when its timeout runs out first; once
+    cleared, the reply has arrived and the call succeeds. (The proxy cannot hold
+    librdkafka's own InitProducerId: librdkafka reaches the coordinator directly.)"""
+
+    def __init__(self, producer) -> None:
+        self._producer = producer
+        self._reached_broker = False
+        self.late = True
+
+    def init_transactions(self, timeout: float) -> None:
+        if not self._reached_broker:
+            self._producer.init_transactions(30)
+            self._reached_broker = True
+        if self.late:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Local: Timed out"))
+
+    def __getattr__(self, name: str):
+        return getattr(self._producer, name)
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+
+def test_recovery_that_committed_and_then_could_not_initialise_resumes_with_the_init(
+    broker, topic, producer_config
+):
+    """Recovery's EndTxn commits the stored transaction, then init_transactions() does
+    not finish in time although the broker bumped the epoch. complete_transaction() says
+    what it did and to call it again; called again with the same state it only
+    initialises and returns the same outcome, instead of recovering again from a
+    coordinator whose epoch moved on (which would claim the outcome unknowable and that
+    recovery committed nothing)."""
+    p, state = _prepared(producer_config, topic)
+    p.close()
+    settled = []
+    second = TransactionalProducer(_two_phase(producer_config))
+    try:
+        second.init_transactions(keep_prepared_txn=True)
+        late = second._producer = _InitReplyLate(second._producer)
+        with pytest.raises(TransactionOutcomeUnknownError) as info:
+            second.complete_transaction(state, before_init=settled.append, timeout=1.0)
+        message = str(info.value)
+        assert "recovery settled the stored transaction (outcome: committed)" in message
+        assert "call complete_transaction() again with the same state" in message
+        assert second.state == "recovering"
+        assert broker.read_committed(topic, expected=1) == [(None, b"in-doubt")]
+        late.late = False
+        again = second.complete_transaction(state, before_init=settled.append)
+        assert again is TransactionOutcome.COMMITTED
+        assert settled == [TransactionOutcome.COMMITTED]  # the hook ran once
+        assert second.state == "ready"
+    finally:
+        second.close()
+    assert broker.read_committed(topic, expected=1) == [(None, b"in-doubt")]
 
 
 def test_state_of_another_transactional_id_or_cluster_is_refused(broker, topic, producer_config):

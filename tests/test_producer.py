@@ -1,0 +1,211 @@
+"""TransactionalProducer against what a user's code does around it: a delivery callback
+that raises while commit, abort or close serves it, and sends under way in other threads
+when commit or abort starts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kafka_txn import (
+    CommitFailedException,
+    IllegalStateError,
+    ProduceFailedException,
+    TransactionalProducer,
+)
+from tests.rig import Broker
+
+pytestmark = pytest.mark.broker
+
+
+class CallbackBugError(Exception):
+    """A bug in the application's delivery callback."""
+
+
+def _raising_callback(err: Any, msg: Any) -> None:
+    raise CallbackBugError("bug in the application's callback")
+
+
+def _values(broker: Broker, topic: str, expected: int) -> list[bytes | None]:
+    return [value for _, value in broker.read_committed(topic, expected)]
+
+
+def _note(exc: BaseException) -> str:
+    return " ".join(getattr(exc, "__notes__", ()))
+
+
+# ---------------------------------------------------------------- callbacks that raise
+def test_a_commit_that_succeeded_is_not_undone_by_a_callback_that_raises(
+    broker: Broker, producer_config: dict[str, Any]
+) -> None:
+    """commit_transaction() serves the record's report inside librdkafka's commit, which
+    succeeds; the callback's exception is raised after the producer is ready again, with
+    a note saying the commit succeeded, so nothing leads to an abort and a retry that
+    would write the record twice."""
+    topic = broker.create_topic(partitions=1)
+    with TransactionalProducer(producer_config) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"order-1", on_delivery=_raising_callback)
+        with pytest.raises(CallbackBugError) as info:
+            producer.commit_transaction()
+        assert "commit_transaction() succeeded" in _note(info.value)
+        assert producer.state == "ready"
+        with pytest.raises(IllegalStateError, match="no transaction is open"):
+            producer.commit_transaction()  # never a CommitFailedException ("abort, retry")
+        producer.begin_transaction()
+        producer.produce(topic, b"order-2")
+        producer.commit_transaction()
+    assert _values(broker, topic, 2) == [b"order-1", b"order-2"]
+
+
+def test_an_abort_that_succeeded_leaves_a_usable_producer_when_a_callback_raises(
+    broker: Broker, producer_config: dict[str, Any]
+) -> None:
+    """abort_transaction() purges a queued record and serves its report after the
+    abort succeeded; the callback's exception comes after the producer is ready, never
+    leaving it 'aborting' (where a second abort would make it fatal)."""
+    topic = broker.create_topic(partitions=1)
+    with TransactionalProducer({**producer_config, "linger.ms": 5_000}) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"aborted", on_delivery=_raising_callback)
+        with pytest.raises(CallbackBugError) as info:
+            producer.abort_transaction()
+        assert "abort_transaction() succeeded" in _note(info.value)
+        assert producer.state == "ready"
+        producer.begin_transaction()
+        producer.produce(topic, b"order-2")
+        producer.commit_transaction()
+    assert _values(broker, topic, 1) == [b"order-2"]
+
+
+def test_close_closes_when_a_callback_raises_during_its_abort(
+    broker: Broker, producer_config: dict[str, Any]
+) -> None:
+    """close() in a transaction aborts it; a callback raising while that abort is served
+    does not stop the close: the producer is closed, then the exception is raised."""
+    topic = broker.create_topic(partitions=1)
+    producer = TransactionalProducer({**producer_config, "linger.ms": 5_000})
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.produce(topic, b"aborted", on_delivery=_raising_callback)
+    with pytest.raises(CallbackBugError) as info:
+        producer.close()
+    assert "close() aborted the open transaction and closed the producer" in _note(info.value)
+    assert producer.state == "closed"
+    producer.close()  # nothing left to raise
+    assert _values(broker, topic, 0) == []
+
+
+# ---------------------------------------------------------------- sends in other threads
+def _blocking_serializer() -> tuple[Callable[[Any, Any], bytes], threading.Event, threading.Event]:
+    """A value serializer that blocks on the value "slow" until released, then fails on
+    "slow-bad" and encodes "slow"; the events: entered, release."""
+    entered, release = threading.Event(), threading.Event()
+
+    def serialize(value: Any, ctx: Any) -> bytes:
+        if str(value).startswith("slow"):
+            entered.set()
+            assert release.wait(30)
+            if value == "slow-bad":
+                raise ValueError("cannot encode")
+        return str(value).encode()
+
+    return serialize, entered, release
+
+
+def _release_once_state_leaves(
+    producer: TransactionalProducer, state: str, release: threading.Event
+) -> threading.Thread:
+    """Release the serializer once the producer's state is no longer ``state``: the
+    commit or abort has started (and, with its wait for sends, is waiting there)."""
+
+    def watch() -> None:
+        while producer.state == state and not release.is_set():
+            time.sleep(0.001)
+        release.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def test_commit_waits_for_a_send_under_way_and_never_commits_past_its_failed_record(
+    broker: Broker, producer_config: dict[str, Any]
+) -> None:
+    """A produce() in another thread is inside its serializer when commit_transaction()
+    starts; the commit waits for it, sees its record fail, and raises
+    CommitFailedException with that record's failure as the cause: nothing commits."""
+    topic = broker.create_topic(partitions=1)
+    serialize, entered, release = _blocking_serializer()
+    sender_error: list[BaseException] = []
+    with TransactionalProducer(producer_config, value_serializer=serialize) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, "order-1")
+
+        def send() -> None:
+            try:
+                producer.produce(topic, "slow-bad")
+            except BaseException as exc:
+                sender_error.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert entered.wait(30)
+        watcher = _release_once_state_leaves(producer, "in transaction", release)
+        try:
+            with pytest.raises(CommitFailedException) as info:
+                producer.commit_transaction()
+        finally:
+            release.set()
+            sender.join(30)
+            watcher.join(30)
+        assert isinstance(info.value.__cause__, ProduceFailedException)
+        assert "serializer failed" in str(info.value)
+        assert [type(e) for e in sender_error] == [ProduceFailedException]
+        producer.abort_transaction()
+    assert _values(broker, topic, 0) == []
+
+
+def test_abort_waits_for_a_send_under_way_so_its_record_never_joins_the_next_transaction(
+    broker: Broker, producer_config: dict[str, Any]
+) -> None:
+    """A produce() in another thread is inside its serializer when abort_transaction()
+    starts; the abort waits for it, so the record enters the aborted transaction (the
+    send returns normally) and never reaches librdkafka outside a transaction or in the
+    next one."""
+    topic = broker.create_topic(partitions=1)
+    serialize, entered, release = _blocking_serializer()
+    sender_error: list[BaseException] = []
+    with TransactionalProducer(producer_config, value_serializer=serialize) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+
+        def send() -> None:
+            try:
+                producer.produce(topic, "slow")
+            except BaseException as exc:
+                sender_error.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert entered.wait(30)
+        watcher = _release_once_state_leaves(producer, "in transaction", release)
+        try:
+            producer.abort_transaction()
+            producer.begin_transaction()
+            sender.join(30)
+        finally:
+            release.set()
+            sender.join(30)
+            watcher.join(30)
+        assert sender_error == []
+        producer.produce(topic, "order-2")
+        producer.commit_transaction()
+    assert _values(broker, topic, 1) == [b"order-2"]

@@ -3,14 +3,19 @@ librdkafka mock cluster per test for fault injection."""
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kafka_txn.testing import MockCluster
 from tests.rig import Broker, start_broker
+
+ROOT = Path(__file__).resolve().parent.parent
 
 _SESSION: dict[str, Broker] = {}
 
@@ -99,3 +104,27 @@ def jdbc_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
         return sqlite_jdbc(tmp_path)
     fixture = "postgres_jdbc" if request.param == "postgresql" else "mariadb_jdbc"
     return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the Spark tests (a process has one SparkContext)."""
+    from pyspark.sql import SparkSession
+
+    # Spark's Python workers import the hooks from tests/: put the repository on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+    )
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master("local[2,4]")  # 2 threads, 4 attempts per task
+        .appName("kafka-txn-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

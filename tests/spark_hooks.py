@@ -49,3 +49,23 @@ class KillDriverMidBatch(_Hook):
         hit = batch_id == 1 and partition == 0 and step == "after_db_commit"
         if hit and self.once("killed"):
             os.killpg(int(os.environ["KAFKA_TXN_TEST_DRIVER_PGID"]), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class FailPartition(_Hook):
+    """Fail one partition of one batch on every attempt, before it writes anything (the
+    job then fails after its retries), leaving the other partitions committed."""
+
+    partition: int = 0
+    batch: int = 0
+
+    def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
+        if (batch_id, partition, step) == (self.batch, self.partition, "after_begin"):
+            raise RuntimeError(f"injected failure of partition {partition}")
+
+
+class RecordSteps(_Hook):
+    """Record every step as a file ``<batch>-<partition>-<attempt>-<step>``."""
+
+    def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
+        (Path(self.folder) / f"{batch_id}-{partition}-{attempt}-{step}").touch()

@@ -9,11 +9,9 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
 from sqlalchemy import create_engine, text
 
 from kafka_txn import ConfigurationError
@@ -23,27 +21,6 @@ from tests import spark_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    # Spark's Python workers import the hooks from tests/: put the repository on their path.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-    )
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master("local[2,4]")  # 2 threads, 4 attempts per task
-        .appName("kafka-txn-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture

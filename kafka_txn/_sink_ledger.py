@@ -44,6 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql import Select
 
 from ._ddl import create_table_if_missing
 from .dualwrite import validate_identifier
@@ -55,7 +56,7 @@ from .errors import (
 )
 from .state import PreparedTxnState
 
-__all__ = ["BATCH_JOB", "Ledger", "commits_table"]
+__all__ = ["BATCH_JOB", "Ledger", "batch_guard", "batches_table", "commits_table", "queries_table"]
 
 log = logging.getLogger("kafka_txn.spark")
 
@@ -76,7 +77,7 @@ def commits_table(name: str) -> Table:
     )
 
 
-def _queries_table(commits: str) -> Table:
+def queries_table(commits: str) -> Table:
     return Table(
         validate_identifier(f"{commits}_queries", "commits_table + '_queries'"),
         MetaData(),
@@ -86,7 +87,7 @@ def _queries_table(commits: str) -> Table:
     )
 
 
-def _batches_table(commits: str) -> Table:
+def batches_table(commits: str) -> Table:
     return Table(
         validate_identifier(f"{commits}_batches", "commits_table + '_batches'"),
         MetaData(),
@@ -95,6 +96,21 @@ def _batches_table(commits: str) -> Table:
         Column("batch_id", BigInteger, nullable=False),
         Column("partitions", Integer, nullable=False),
         PrimaryKeyConstraint("sink", "query_id", "batch_id"),
+    )
+
+
+def batch_guard(commits: str, prefix: str, query_id: str, batch_id: int) -> Select[Any]:
+    """For a task, under its state-row lock: the batch's recorded partition count and
+    the prefix's owning query, read FOR SHARE (PostgreSQL ``FOR SHARE``, MySQL/MariaDB
+    ``LOCK IN SHARE MODE``; SQLite's write lock already serializes). A task whose batch
+    was re-recorded with another shape, or whose query lost the prefix, refuses to
+    write; and the driver's re-recording waits for tasks inside their transaction."""
+    b, q = batches_table(commits), queries_table(commits)
+    return (
+        select(b.c.partitions, q.c.query_id)
+        .select_from(b.join(q, q.c.sink == b.c.sink))
+        .where(b.c.sink == prefix, b.c.query_id == query_id, b.c.batch_id == batch_id)
+        .with_for_update(read=True)
     )
 
 
@@ -113,8 +129,8 @@ class Ledger:
         self.engine = engine
         self.prefix = prefix
         self.commits = commits_table(commits)
-        self.queries = _queries_table(commits)
-        self.batches = _batches_table(commits)
+        self.queries = queries_table(commits)
+        self.batches = batches_table(commits)
         self.state = state
         self._state_exists = False
 
@@ -122,8 +138,8 @@ class Ledger:
     def check_names(commits: str) -> None:
         """Refuse a commits table name whose derived names are not plain identifiers."""
         commits_table(commits)
-        _queries_table(commits)
-        _batches_table(commits)
+        queries_table(commits)
+        batches_table(commits)
 
     def create_tables(self) -> None:
         """Idempotent, also when several drivers or tasks create them at once."""
@@ -211,6 +227,16 @@ class Ledger:
                 return
             if known == partitions:
                 return
+            # Another shape. The UPDATE first: it waits for every attempt of the earlier
+            # run still inside its transaction (each holds this row FOR SHARE, see
+            # batch_guard), and any attempt after it reads the new count and refuses.
+            # Only then are the markers final, so a zombie of the earlier shape can
+            # neither commit behind this check nor after it.
+            conn.execute(
+                update(self.batches)
+                .where(self._batch(query_id, batch_id))
+                .values(partitions=partitions)
+            )
             committed = self._committed_partitions(conn, query_id, batch_id)
             if committed:
                 raise ReplayMismatchError(
@@ -221,16 +247,11 @@ class Ledger:
                     "twice). Replay the batch with the same partitioning (a deterministic "
                     "plan: the same repartition() before the sink)",
                     kafka_error=None,
-                )
+                )  # the transaction rolls back: the recorded count stays
             log.warning(
                 "batch %s had %s partitions when first tried, none committed; now %s",
                 batch_id, known, partitions,
             )  # fmt: skip
-            conn.execute(
-                update(self.batches)
-                .where(self._batch(query_id, batch_id))
-                .values(partitions=partitions)
-            )
 
     def _take(self, conn: Connection, query_id: str, replaces: str | None, now: Any) -> None:
         q = self.queries

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import TaskContext
 from sqlalchemy import Table, and_, insert, select
+from sqlalchemy.engine import Connection
 
-from ._sink_ledger import commits_table
+from ._sink_ledger import batch_guard, commits_table
 from ._spark_options import SinkOptions, StepHook, with_isolation
 from .dualwrite import DualWriter, engine_for
+from .errors import ReplayMismatchError, SinkOwnershipError
 
 if TYPE_CHECKING:
     from ._spark_mapping import Mapping
@@ -65,6 +67,7 @@ _lock = threading.Lock()
 
 def _key(opts: SinkOptions, tid: str) -> tuple[Any, ...]:
     return (tid, opts.url, opts.user, opts.password, opts.state_table, opts.isolation_level,
+            opts.lock_timeout,
             tuple(sorted((k, repr(v)) for k, v in opts.kafka.items())))  # fmt: skip
 
 
@@ -81,6 +84,7 @@ def _checkout(opts: SinkOptions, tid: str) -> _Cached:
         {**opts.kafka, "transactional.id": tid},
         engine,
         state_table=opts.state_table,
+        lock_timeout=opts.lock_timeout,
         mark_completed_after=None,  # marked at the end of each task, before the driver looks
         on_step=relay,
     )
@@ -122,10 +126,14 @@ class PartitionWriter:
     """Runs in the executor: one partition of one batch as one dual write. Pickled with
     the settings only (no engine, no producer)."""
 
-    def __init__(self, opts: SinkOptions, query_id: str, batch_id: int, mapping: Mapping) -> None:
+    def __init__(
+        self, opts: SinkOptions, query_id: str, batch_id: int, partitions: int, mapping: Mapping
+    ) -> None:
         self.opts = opts
         self.query_id = query_id
         self.batch_id = batch_id
+        self.partitions = partitions
+        """The batch's partition count as the driver recorded it for this run."""
         self.mapping = mapping
 
     def __call__(self, rows: Iterable[Any]) -> None:
@@ -180,6 +188,7 @@ class PartitionWriter:
                 # committed the partition while this one waited.
                 if tx.connection.execute(_marker_query(commits, marker)).first():
                     raise _AlreadyWrittenError
+                self._check_run(tx.connection)
                 for chunk in _chunks(rows, self.opts.insert_batch_size):
                     tx.connection.execute(insert(data), [self.mapping.db_row(r) for r in chunk])
                     for r in chunk:
@@ -192,6 +201,29 @@ class PartitionWriter:
             )  # fmt: skip
             return
         writer.store_completed()  # the driver reads completed marks before each batch
+
+    def _check_run(self, conn: Connection) -> None:
+        """This attempt belongs to the batch's current run: the driver has not recorded
+        it again with another shape since, and the query still owns the prefix. Read
+        FOR SHARE, so the driver's re-recording waits until this transaction ends."""
+        o = self.opts
+        guard = batch_guard(o.commits_table, o.transactional_id_prefix, self.query_id,
+                            self.batch_id)  # fmt: skip
+        row = conn.execute(guard).first()
+        if row is None or row[1] != self.query_id:
+            raise SinkOwnershipError(
+                f"this attempt of batch {self.batch_id} belongs to a query that no longer "
+                f"owns transactional id prefix {o.transactional_id_prefix!r} (owner now: "
+                f"{None if row is None else row[1]!r}): it writes nothing",
+                kafka_error=None,
+            )
+        if row[0] != self.partitions:
+            raise ReplayMismatchError(
+                f"this attempt of batch {self.batch_id} ran with {self.partitions} "
+                f"partitions, and the batch has been replayed with {row[0]} since: it is a "
+                "leftover of the earlier run and writes nothing",
+                kafka_error=None,
+            )
 
     @staticmethod
     def _look(writer: DualWriter, commits: Table, marker: dict[str, Any]) -> tuple[bool, Any]:

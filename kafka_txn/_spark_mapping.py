@@ -145,7 +145,9 @@ class Mapping:
         key = _bytes(row["key"]) if self.has_key else None
         partition = row["partition"] if self.has_partition and row["partition"] is not None else -1
         headers = (
-            [(h["key"], h["value"]) for h in row["headers"] or ()] if self.has_headers else None
+            [(h["key"], _bytes(h["value"])) for h in row["headers"] or ()]
+            if self.has_headers
+            else None
         )
         tx.produce(topic, value, key, partition, None, 0, headers)
 

@@ -32,6 +32,7 @@ _NAMES: Final = {
     "statetable": "state_table",
     "onstep": "on_step",
     "startover": "start_over",
+    "locktimeout": "lock_timeout",
 }
 
 # Spark's JDBC data source options that mean nothing for an exactly-once append, each
@@ -43,7 +44,8 @@ _REFUSED: Final = {
     "createtableoptions": "the sink creates the table from the schema as is",
     "createtablecolumntypes": "the sink maps column types itself (see docs/spark.md)",
     "numpartitions": "repartition the DataFrame instead: one transaction per partition",
-    "querytimeout": "statements are bounded by lockTimeout and the database's own settings",
+    "querytimeout": "lock waits are bounded by lockTimeout (seconds); other statements by "
+    "the database's own settings",
     "sessioninitstatement": "the sink's connections are pooled and reused across batches",
     "query": "the sink writes to a table: use dbtable",
     "customschema": "a read option",
@@ -94,6 +96,7 @@ class SinkOptions:
     state_table: str = "kafka_transaction_state"
     on_step: StepHook | None = None
     start_over: bool = False
+    lock_timeout: float | None = 30.0
 
     @classmethod
     def build(cls, keywords: Mapping[str, Any], options: Mapping[str, Any] | None) -> SinkOptions:
@@ -171,6 +174,7 @@ class SinkOptions:
             state_table=given.get("state_table", cls.state_table),
             on_step=_hook(given.get("on_step")),
             start_over=_flag(given.get("start_over", False), "start_over (startOver)"),
+            lock_timeout=_seconds(given.get("lock_timeout", cls.lock_timeout)),
         )
 
 
@@ -189,7 +193,7 @@ def with_isolation(engine: Engine, level: str | None) -> Engine:
 def _spark_spelling() -> set[str]:
     return {"transactionalIdPrefix", "url", "dbtable", "topic", "user", "password",
             "batchsize", "isolationLevel", "commitsTable", "stateTable", "onStep",
-            "startOver"}  # fmt: skip
+            "startOver", "lockTimeout"}  # fmt: skip
 
 
 def _integer(value: Any, what: str) -> int:
@@ -199,6 +203,21 @@ def _integer(value: Any, what: str) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise ConfigurationError(f"{what} must be an integer, not {value!r}") from None
+
+
+def _seconds(value: Any) -> float | None:
+    if value is None or (isinstance(value, str) and value.lower() == "none"):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if isinstance(value, bool) or not seconds > 0 or seconds == float("inf"):
+        raise ConfigurationError(
+            f"lock_timeout (lockTimeout) must be a positive number of seconds or none, "
+            f"not {value!r}"
+        )
+    return seconds
 
 
 def _flag(value: Any, what: str) -> bool:

@@ -70,7 +70,7 @@ class KafkaJdbcSink:
     ``options`` takes Spark-style names, case-insensitive (``kafka.bootstrap.servers``,
     ``topic``, ``url``, ``dbtable``, ``user``, ``password``, ``batchsize``,
     ``isolationLevel``, ``transactionalIdPrefix``, ``commitsTable``, ``stateTable``,
-    ``onStep``, ``startOver``); keyword arguments win. An option the sink does not
+    ``onStep``, ``startOver``, ``lockTimeout``); keyword arguments win. An option the sink does not
     honour is refused by name. ``dbtable`` may be schema-qualified (``public.orders``).
 
     ``start_over=True`` lets this query take the prefix over from another one (after a
@@ -93,6 +93,7 @@ class KafkaJdbcSink:
         isolation_level: str | None = None,
         on_step: StepHook | None = None,
         start_over: bool | None = None,
+        lock_timeout: float | None = None,
     ) -> None:
         keywords = {
             "transactional_id_prefix": transactional_id_prefix, "url": url,
@@ -100,6 +101,7 @@ class KafkaJdbcSink:
             "password": password, "commits_table": commits_table,
             "state_table": state_table, "insert_batch_size": insert_batch_size,
             "isolation_level": isolation_level, "on_step": on_step, "start_over": start_over,
+            "lock_timeout": lock_timeout,
         }  # fmt: skip
         self.options = SinkOptions.build(keywords, options)
         o = self.options
@@ -144,7 +146,7 @@ class KafkaJdbcSink:
             self._settle(tid)
         partitions = df.rdd.getNumPartitions()  # the RDD foreachPartition runs (cached)
         ledger.record_batch(query_id, batch_id, partitions, replaces)
-        df.foreachPartition(PartitionWriter(o, query_id, batch_id, mapping))
+        df.foreachPartition(PartitionWriter(o, query_id, batch_id, partitions, mapping))
 
     def close(self) -> None:
         """Release the driver's database connections (the sink can still be used)."""
@@ -184,6 +186,7 @@ class KafkaJdbcSink:
             {**o.kafka, "transactional.id": tid},
             with_isolation(engine_for(o.url, o.user, o.password), o.isolation_level),
             state_table=o.state_table,
+            lock_timeout=o.lock_timeout,
         )
         try:
             outcome = writer.start()

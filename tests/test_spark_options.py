@@ -57,6 +57,16 @@ def test_spark_jdbc_options_that_do_not_apply_are_refused_by_name(name: str, rea
         _sink(**{name: "x"})
 
 
+def test_a_refusal_points_to_an_option_that_exists():
+    with pytest.raises(ConfigurationError, match="lockTimeout") as refused:
+        _sink(queryTimeout="5")
+    assert "lockTimeout" in str(refused.value)
+    assert _sink(lockTimeout="5").options.lock_timeout == 5.0
+    assert _sink(lockTimeout="none").options.lock_timeout is None
+    with pytest.raises(ConfigurationError, match="positive number of seconds"):
+        _sink(lockTimeout="0")
+
+
 def test_an_unknown_option_is_refused_with_the_known_ones():
     with pytest.raises(ConfigurationError, match=r"unknown option 'dbtabel'.*dbtable"):
         _sink(dbtabel="t2")

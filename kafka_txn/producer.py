@@ -1,43 +1,42 @@
 """``TransactionalProducer``: confluent-kafka's transactional producer behind the declared
 lifecycle of ``kafka_txn.lifecycle`` and the KIP-691 error model.
 
-The class holds the public calls and the translation of librdkafka's errors; delivery
-bookkeeping lives in ``kafka_txn.delivery``, the coordinator steps of two-phase commit in
-``kafka_txn.twophase``, the states and their legal moves in ``kafka_txn.lifecycle``.
+The class holds the public calls: it checks the state, takes the lock and delegates.
+Delivery bookkeeping lives in ``kafka_txn.delivery``, the calls into librdkafka and the
+translation of their errors in ``kafka_txn._librdkafka``, the bodies of init, commit and
+abort in ``kafka_txn._completion``, prepare and recovery in ``kafka_txn.twophase``, the
+states and their legal moves in ``kafka_txn.lifecycle``. ``_assemble`` wires them up.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.serialization import SerializationContext
 
+from ._completion import Completion
 from ._librdkafka import Driver
-from .config import ProducerSettings, user_key_for, validate_config
+from .config import ProducerSettings, ValidatedConfig, user_key_for, validate_config
 from .delivery import Deliveries, DeliveryCallback
 from .errors import (
     CommitFailedException,
     ConfigurationError,
     IllegalStateError,
     KafkaTxnError,
-    TransactionAbortableError,
-    TransactionOutcomeUnknownError,
-    root_exception,
 )
 from .futures import _PENDING, DeliveryFuture
 from .lifecycle import ALLOWED, Lifecycle, State
 from .metrics import MetricsHook, timed
 from .recovery import TransactionOutcome
 from .state import PreparedTxnState
-from .twophase import Recovered, TwoPhase, prepare_failed
+from .twophase import TwoPhase
 
 __all__ = ["DeliveryCallback", "Serializer", "TransactionalProducer"]
 
@@ -62,18 +61,6 @@ _OPEN_STATES = frozenset(
 _new = object.__new__
 
 
-def _count(counter: itertools.count[int]) -> int:
-    """The next value ``counter`` would return, without taking it."""
-    return int(repr(counter)[len("count(") : -1])
-
-
-def _sends_under_way(budget: float) -> TransactionAbortableError:
-    return TransactionAbortableError(
-        f"a produce()/send() in another thread did not return within {budget:g}s, so "
-        "whether its record belongs to the transaction is not known"
-    )
-
-
 def _build_producer(conf: dict[str, Any]) -> Producer:
     """confluent-kafka's Producer; librdkafka's refusals become ConfigurationError naming
     the key as the user wrote it."""
@@ -94,6 +81,89 @@ def _build_producer(conf: dict[str, Any]) -> Producer:
         ) from exc
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"librdkafka rejected the producer configuration: {exc}") from exc
+
+
+def _operation_timeout(operation_timeout: float | None, validated: ValidatedConfig) -> float:
+    """``operation_timeout`` as given, by default ``transaction.timeout.ms``; must be > 0."""
+    transaction_timeout_s = validated.transaction_timeout_ms / 1000.0
+    resolved = operation_timeout if operation_timeout is not None else transaction_timeout_s
+    if resolved <= 0:
+        raise ConfigurationError(
+            f"operation_timeout={operation_timeout!r} must be a positive number of seconds"
+        )
+    return resolved
+
+
+class _Parts(NamedTuple):
+    """The components of one TransactionalProducer."""
+
+    life: Lifecycle
+    deliveries: Deliveries
+    io: Driver
+    twophase: TwoPhase | None
+    completion: Completion
+    producer: Producer
+
+
+def _assemble(
+    validated: ValidatedConfig,
+    *,
+    poll: Callable[[float], int],
+    key_serializer: Serializer | None,
+    value_serializer: Serializer | None,
+    operation_timeout: float,
+    queue_full_timeout: float,
+    prepare_min_time_left: float | None,
+    metrics: MetricsHook | None,
+    sleep: Callable[[float], None],
+) -> _Parts:
+    """Build a producer's components and wire them to each other and to librdkafka's
+    callbacks; ``poll`` is the producer's own (delivery futures' ``result()`` polls)."""
+    life = Lifecycle(validated.transactional_id)
+    deliveries = Deliveries(
+        user_on_delivery=validated.callbacks.get("on_delivery"),
+        metrics=metrics,
+        on_fatal=life.enter_fatal,
+        poll=poll,
+    )
+    io = Driver(
+        transactional_id=validated.transactional_id,
+        life=life,
+        deliveries=deliveries,
+        operation_timeout=operation_timeout,
+        queue_full_timeout=queue_full_timeout,
+        sleep=sleep,
+        key_serializer=key_serializer,
+        value_serializer=value_serializer,
+        user_error_cb=validated.callbacks.get("error_cb"),
+    )
+    conf = dict(validated.librdkafka)
+    conf["on_delivery"] = deliveries.sink
+    conf["error_cb"] = io.on_error
+    # librdkafka's own log lines go to Python logging (served from poll()), not stderr.
+    conf.setdefault("logger", _LIBRDKAFKA_LOG)
+    twophase = TwoPhase.configure(
+        conf,
+        validated,
+        life=life,
+        deliveries=deliveries,
+        io=io,
+        deadline_s=operation_timeout,
+        min_time_left_s=prepare_min_time_left,
+        sleep=sleep,
+        metrics=metrics,
+    )
+    completion = Completion(
+        life=life,
+        deliveries=deliveries,
+        io=io,
+        twophase=twophase,
+        operation_timeout=operation_timeout,
+        metrics=metrics,
+    )
+    producer = _build_producer(conf)
+    io.attach(producer)
+    return _Parts(life, deliveries, io, twophase, completion, producer)
 
 
 class TransactionalProducer:
@@ -130,58 +200,29 @@ class TransactionalProducer:
     ) -> None:
         validated = validate_config(config)
         self.transactional_id = validated.transactional_id
-        transaction_timeout_s = validated.transaction_timeout_ms / 1000.0
-        self._operation_timeout = (
-            operation_timeout if operation_timeout is not None else transaction_timeout_s
-        )
-        if self._operation_timeout <= 0:
-            raise ConfigurationError(
-                f"operation_timeout={operation_timeout!r} must be a positive number of seconds"
-            )
+        self._operation_timeout = _operation_timeout(operation_timeout, validated)
         self._metrics = metrics
         self._serializing = key_serializer is not None or value_serializer is not None
         self._lock = threading.RLock()
-        self._life = life = Lifecycle(self.transactional_id)
-        # produce()/send() calls under way, for prepare_transaction() to wait for (see
-        # _await_sends): two counters, each advanced by one C call (atomic under the GIL),
-        # cost less per record than a lock.
-        self._sends_started = itertools.count()
-        self._sends_done = itertools.count()
-        self._deliveries = Deliveries(
-            user_on_delivery=validated.callbacks.get("on_delivery"),
-            metrics=metrics,
-            on_fatal=life.enter_fatal,
+        parts = _assemble(
+            validated,
             poll=self.poll,
-        )
-        self._io = Driver(
-            transactional_id=self.transactional_id,
-            life=life,
-            deliveries=self._deliveries,
-            operation_timeout=self._operation_timeout,
-            queue_full_timeout=queue_full_timeout,
-            sleep=sleep,
             key_serializer=key_serializer,
             value_serializer=value_serializer,
-            user_error_cb=validated.callbacks.get("error_cb"),
-        )
-        conf = dict(validated.librdkafka)
-        conf["on_delivery"] = self._deliveries.sink
-        conf["error_cb"] = self._io.on_error
-        # librdkafka's own log lines go to Python logging (served from poll()), not stderr.
-        conf.setdefault("logger", _LIBRDKAFKA_LOG)
-        self._twophase = TwoPhase.configure(
-            conf,
-            validated,
-            life=life,
-            deliveries=self._deliveries,
-            io=self._io,
-            deadline_s=self._operation_timeout,
-            min_time_left_s=prepare_min_time_left,
+            operation_timeout=self._operation_timeout,
+            queue_full_timeout=queue_full_timeout,
+            prepare_min_time_left=prepare_min_time_left,
+            metrics=metrics,
             sleep=sleep,
         )
-        self._producer = _build_producer(conf)
-        self._produce = self._producer.produce
-        self._io.attach(self._producer)
+        self._life, self._deliveries, self._io = parts.life, parts.deliveries, parts.io
+        self._twophase, self._completion = parts.twophase, parts.completion
+        self._producer = parts.producer
+        self._produce = parts.producer.produce
+        # produce()/send() count themselves in, and out, for prepare/commit/abort to wait
+        # until none is under way (Completion.await_sends).
+        self._sends_started = parts.completion.sends_started
+        self._sends_done = parts.completion.sends_done
 
     # ------------------------------------------------------------------ properties
     @property
@@ -215,22 +256,8 @@ class TransactionalProducer:
                     self._life.transition_to(State.RECOVERING)
                     return
                 self._life.require("init_transactions")
-                self._init_librdkafka(timeout)
+                self._completion.init(timeout)
             self._raise_callback_error("init_transactions() succeeded")
-
-    def _init_librdkafka(self, timeout: float | None) -> None:
-        """librdkafka's init_transactions(); a callback's exception stays stashed for the
-        public call to raise once done (``_raise_callback_error``)."""
-        self._io.retrying(
-            "init_transactions", self._producer.init_transactions, timeout,
-            defer_callback_errors=True,
-        )  # fmt: skip
-        self._life.transition_to(State.READY)
-        if self._twophase is not None:
-            self._io.drain(defer_callback_errors=True)  # statistics queued before init are stale
-            self._twophase.identity.invalidate()
-            self._twophase.prepared = None
-            self._twophase.recovered = None
 
     def _raise_callback_error(self, done: str) -> None:
         """Raise a user callback's exception served by a transactional call that
@@ -344,43 +371,8 @@ class TransactionalProducer:
         ``commit_transaction()`` again; never abort then). A prepared transaction's
         failed commit raises ``TransactionInDoubtError`` instead: it is never aborted."""
         with self._lock:
-            self._commit(timeout)
+            self._completion.commit(timeout)
             self._raise_callback_error("commit_transaction() succeeded")
-
-    def _commit(self, timeout: float | None) -> None:
-        """The body of commit_transaction(); a callback's exception stays stashed."""
-        with timed(self._metrics, "commit_transaction"):
-            state = self._life.state
-            if state is State.ABORTABLE:
-                raise self._io.commit_failed(self._life.abortable)
-            if state is State.RECOVERING:
-                self._settle_kept_transaction(commit=True, timeout=timeout)
-                return
-            self._life.require("commit_transaction")
-            if state in (State.PREPARED, State.IN_DOUBT):
-                assert self._twophase is not None
-                self._twophase.commit_prepared(timeout)
-                return
-            # Sends are refused from here on; those under way are waited for, so that a
-            # record failing in one of them (a serializer) is seen before committing.
-            self._life.transition_to(State.COMMITTING)
-            budget = self._operation_timeout if timeout is None else timeout
-            if not self._await_sends(time.monotonic() + budget):
-                raise self._io.commit_failed(_sends_under_way(budget))
-            first_failure = self._deliveries.first_failure
-            if first_failure is not None:  # a record already failed: cannot commit
-                raise self._io.commit_failed(first_failure)
-            try:
-                self._io.retrying(
-                    "commit_transaction", self._producer.commit_transaction, timeout,
-                    defer_callback_errors=True,
-                )  # fmt: skip
-            except CommitFailedException:
-                # A record that failed during commit's flush is the real cause (KIP-691).
-                if self._deliveries.first_failure is not None:
-                    raise self._io.commit_failed(self._deliveries.first_failure)  # noqa: B904
-                raise
-            self._life.transition_to(State.READY)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the open transaction: nothing of it becomes visible to read_committed
@@ -388,41 +380,8 @@ class TransactionalProducer:
         commit may have reached the broker (a timed-out commit, a prepared transaction
         whose commit was attempted)."""
         with self._lock:
-            self._abort(timeout)
+            self._completion.abort(timeout)
             self._raise_callback_error("abort_transaction() succeeded")
-
-    def _abort(self, timeout: float | None) -> None:
-        """The body of abort_transaction(); a callback's exception stays stashed."""
-        with timed(self._metrics, "abort_transaction"):
-            state = self._life.state
-            if state is State.RECOVERING:
-                self._settle_kept_transaction(commit=False, timeout=timeout)
-                return
-            self._life.require("abort_transaction")
-            self._life.transition_to(State.ABORTING)
-            # A send under way would otherwise reach librdkafka after the abort, outside
-            # any transaction or inside the next one.
-            budget = self._operation_timeout if timeout is None else timeout
-            if not self._await_sends(time.monotonic() + budget):
-                raise TransactionOutcomeUnknownError(
-                    f"abort_transaction(): a produce()/send() in another thread did not "
-                    f"return within {budget:g}s, so nothing was aborted yet: call "
-                    "abort_transaction() again",
-                    kafka_error=KafkaError(KafkaError._TIMED_OUT),
-                    operation="abort_transaction",
-                )
-            self._io.retrying(
-                "abort_transaction", self._producer.abort_transaction, timeout,
-                defer_callback_errors=True,
-            )  # fmt: skip
-            # librdkafka purged the queue; serve those reports now so that none of them is
-            # counted against the next transaction.
-            self._io.drain(defer_callback_errors=True)
-            self._deliveries.reset()
-            self._life.aborted()
-            if self._twophase is not None:
-                self._twophase.prepared = None
-                self._twophase.identity.invalidate()  # abort may have bumped the epoch
 
     # ------------------------------------------------------------------ two-phase commit
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
@@ -443,26 +402,9 @@ class TransactionalProducer:
             self._life.require("prepare_transaction")
             self._life.transition_to(State.PREPARING)
             budget = self._operation_timeout if timeout is None else timeout
-            return twophase.prepare(time.monotonic() + budget, self._await_sends_to_prepare)
-
-    def _await_sends_to_prepare(self, deadline: float) -> None:
-        if not self._await_sends(deadline):
-            raise prepare_failed("a produce()/send() in another thread did not return")
-
-    def _await_sends(self, deadline: float) -> bool:
-        """Wait until no produce()/send() is under way; False if one still is at
-        ``deadline``. The state is no longer IN_TRANSACTION (preparing, committing,
-        aborting), so a send that starts later is refused. Under the GIL the counters'
-        reads and increments are sequentially consistent: reading "done" and then
-        "started" equal proves that at that instant no send had passed its state check
-        unfinished."""
-        while True:
-            done = _count(self._sends_done)
-            if _count(self._sends_started) == done:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.0002)
+            return twophase.prepare(
+                time.monotonic() + budget, self._completion.await_sends_to_prepare
+            )
 
     def complete_transaction(
         self,
@@ -496,7 +438,9 @@ class TransactionalProducer:
             twophase = self._two_phase("complete_transaction")
             current = self._life.state
             if current is State.RECOVERING:
-                outcome = self._recover(twophase, state, before_init, timeout)
+                outcome = twophase.complete_recovery(
+                    state, before_init, timeout, init=self._completion.init
+                )
                 self._raise_callback_error(
                     f"complete_transaction() succeeded: recovery's outcome is {outcome.value}"
                 )
@@ -510,10 +454,10 @@ class TransactionalProducer:
                     kafka_error=KafkaError(KafkaError.INVALID_TXN_STATE),
                 )
             if twophase.decides_commit(state):  # a foreign state raises here
-                self._commit(timeout)
+                self._completion.commit(timeout)
                 outcome = TransactionOutcome.COMMITTED
             else:
-                self._abort(timeout)  # refused when in doubt
+                self._completion.abort(timeout)  # refused when in doubt
                 outcome = TransactionOutcome.ABORTED
             if before_init is not None:
                 before_init(outcome)
@@ -521,39 +465,6 @@ class TransactionalProducer:
                 f"complete_transaction() succeeded: the transaction is {outcome.value}"
             )
             return outcome
-
-    def _recover(
-        self,
-        twophase: TwoPhase,
-        state: PreparedTxnState,
-        before_init: Callable[[TransactionOutcome], None] | None,
-        timeout: float | None,
-    ) -> TransactionOutcome:
-        """complete_transaction() in RECOVERING: recovery, the hook, the init; what a
-        call that failed after recovery had settled the state already did is not done
-        again (``twophase.recovered``)."""
-        done = twophase.recovered
-        if done is None or done.stored != state:
-            with timed(self._metrics, "recovery"):
-                outcome = twophase.recover(state)
-            done = twophase.recovered = Recovered(state, outcome)
-        if before_init is not None and not done.before_init_ran:
-            before_init(done.outcome)
-            done.before_init_ran = True
-        try:
-            self._init_librdkafka(timeout)
-        except TransactionOutcomeUnknownError as exc:
-            budget = self._operation_timeout if timeout is None else timeout
-            raise TransactionOutcomeUnknownError(
-                f"complete_transaction(): recovery settled the stored transaction "
-                f"(outcome: {done.outcome.value}), then init_transactions() did not "
-                f"complete within {budget:g}s ({exc.kafka_error.str()}): call "
-                "complete_transaction() again with the same state, which does not recover "
-                "again but only initialises",
-                kafka_error=exc.kafka_error,
-                operation="complete_transaction",
-            ) from root_exception(exc)
-        return done.outcome
 
     def _two_phase(self, operation: str) -> TwoPhase:
         if self._twophase is None:
@@ -563,14 +474,6 @@ class TransactionalProducer:
                 "'transaction.two.phase.commit.enable': True in the producer config"
             )
         return self._twophase
-
-    def _settle_kept_transaction(self, commit: bool, timeout: float | None) -> None:
-        """commit_transaction()/abort_transaction() right after
-        init_transactions(keep_prepared_txn=True): commit whatever is open (KIP-939
-        leaves that choice to the caller), or abort it; then initialise."""
-        assert self._twophase is not None
-        self._twophase.settle_kept(commit)
-        self._init_librdkafka(timeout)  # aborts whatever is still open
 
     @contextmanager
     def transaction(self) -> Iterator[TransactionalProducer]:
@@ -611,7 +514,7 @@ class TransactionalProducer:
             done = "close() closed the producer"
             if state in (_IN_TXN, State.ABORTABLE, State.ABORTING):
                 try:
-                    self._abort(timeout)
+                    self._completion.abort(timeout)
                     done = "close() aborted the open transaction and closed the producer"
                 except KafkaTxnError as exc:
                     log.warning("close(): abort of the open transaction failed: %s", exc)

@@ -40,6 +40,7 @@ from .errors import (
     root_exception,
 )
 from .lifecycle import Lifecycle, State
+from .metrics import MetricsHook, timed
 from .recovery import TransactionOutcome, check_belongs, recover
 from .state import PreparedTxnState
 
@@ -210,6 +211,7 @@ class TwoPhase:
         min_time_left_s: float,
         sleep: Callable[[float], None],
         chained_stats: Callable[[str], None] | None,
+        metrics: MetricsHook | None,
     ) -> None:
         self.settings = ConnectionSettings.from_librdkafka(conf)  # bad settings raise now
         self.transactional_id = transactional_id
@@ -231,6 +233,7 @@ class TwoPhase:
         self.min_time_left_s = min_time_left_s
         self._deadline_s = deadline_s
         self._sleep = sleep
+        self._metrics = metrics
         self._client: CoordinatorClient | None = None
 
     @classmethod
@@ -245,6 +248,7 @@ class TwoPhase:
         deadline_s: float,
         min_time_left_s: float | None,
         sleep: Callable[[float], None],
+        metrics: MetricsHook | None,
     ) -> TwoPhase | None:
         """The producer's TwoPhase when two-phase commit is enabled, else None; sets the
         statistics settings and callback in ``conf`` that it needs (the producer id and
@@ -274,6 +278,7 @@ class TwoPhase:
             ),
             sleep=sleep,
             chained_stats=None if user_stats is None else partial(deliveries.call_user, user_stats),
+            metrics=metrics,
         )
         conf["stats_cb"] = twophase.identity.on_stats
         return twophase
@@ -472,6 +477,39 @@ class TwoPhase:
         )
 
     # ------------------------------------------------------------------ recovery
+    def complete_recovery(
+        self,
+        state: PreparedTxnState,
+        before_init: Callable[[TransactionOutcome], None] | None,
+        timeout: float | None,
+        init: Callable[[float | None], None],
+    ) -> TransactionOutcome:
+        """complete_transaction() in RECOVERING: recovery, the hook, the init (``init``,
+        librdkafka's init_transactions()); what a call that failed after recovery had
+        settled the state already did is not done again (``recovered``)."""
+        done = self.recovered
+        if done is None or done.stored != state:
+            with timed(self._metrics, "recovery"):
+                outcome = self.recover(state)
+            done = self.recovered = Recovered(state, outcome)
+        if before_init is not None and not done.before_init_ran:
+            before_init(done.outcome)
+            done.before_init_ran = True
+        try:
+            init(timeout)
+        except TransactionOutcomeUnknownError as exc:
+            budget = self._deadline_s if timeout is None else timeout
+            raise TransactionOutcomeUnknownError(
+                f"complete_transaction(): recovery settled the stored transaction "
+                f"(outcome: {done.outcome.value}), then init_transactions() did not "
+                f"complete within {budget:g}s ({exc.kafka_error.str()}): call "
+                "complete_transaction() again with the same state, which does not recover "
+                "again but only initialises",
+                kafka_error=exc.kafka_error,
+                operation="complete_transaction",
+            ) from root_exception(exc)
+        return done.outcome
+
     def recover(self, stored: PreparedTxnState) -> TransactionOutcome:
         """Settle a stored state from a fresh producer, before its init (recovery.py)."""
         cluster_id = self.cluster(self._io.producer, time.monotonic() + self._deadline_s)

@@ -448,7 +448,7 @@ def test_recovery_that_committed_and_then_could_not_initialise_resumes_with_the_
     second = TransactionalProducer(_two_phase(producer_config))
     try:
         second.init_transactions(keep_prepared_txn=True)
-        late = second._producer = _InitReplyLate(second._producer)
+        late = second._io.producer = _InitReplyLate(second._io.producer)
         with pytest.raises(TransactionOutcomeUnknownError) as info:
             second.complete_transaction(state, before_init=settled.append, timeout=1.0)
         message = str(info.value)

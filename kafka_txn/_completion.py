@@ -1,0 +1,176 @@
+"""The bodies of ``TransactionalProducer``'s calls that finish a transaction or start the
+producer over: ``commit``, ``abort`` and librdkafka's ``init_transactions()`` (which recovery
+and the settlement of a kept transaction end with), and the count of ``produce()``/
+``send()`` calls under way that commit, abort and prepare wait for.
+
+The public calls take the producer's lock, run a body here, and only then raise a user
+callback's exception stashed meanwhile (``TransactionalProducer._raise_callback_error``);
+``complete_transaction()`` and ``close()`` run the same bodies.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from confluent_kafka import KafkaError
+
+from ._librdkafka import Driver
+from .delivery import Deliveries
+from .errors import (
+    CommitFailedException,
+    TransactionAbortableError,
+    TransactionOutcomeUnknownError,
+)
+from .lifecycle import Lifecycle, State
+from .metrics import MetricsHook, timed
+from .twophase import TwoPhase, prepare_failed
+
+__all__ = ["Completion"]
+
+
+def _count(counter: itertools.count[int]) -> int:
+    """The next value ``counter`` would return, without taking it."""
+    return int(repr(counter)[len("count(") : -1])
+
+
+def _sends_under_way(budget: float) -> TransactionAbortableError:
+    return TransactionAbortableError(
+        f"a produce()/send() in another thread did not return within {budget:g}s, so "
+        "whether its record belongs to the transaction is not known"
+    )
+
+
+class Completion:
+    """Init, commit and abort of one TransactionalProducer, and its sends under way."""
+
+    def __init__(
+        self,
+        *,
+        life: Lifecycle,
+        deliveries: Deliveries,
+        io: Driver,
+        twophase: TwoPhase | None,
+        operation_timeout: float,
+        metrics: MetricsHook | None,
+    ) -> None:
+        self._life = life
+        self._deliveries = deliveries
+        self._io = io
+        self._twophase = twophase
+        self._operation_timeout = operation_timeout
+        self._metrics = metrics
+        # produce()/send() calls under way, for prepare, commit and abort to wait for (see
+        # await_sends): two counters, each advanced by one C call (atomic under the GIL),
+        # cost less per record than a lock. The producer advances them itself.
+        self.sends_started = itertools.count()
+        self.sends_done = itertools.count()
+
+    def init(self, timeout: float | None) -> None:
+        """librdkafka's init_transactions(); a callback's exception stays stashed for the
+        public call to raise once done (``_raise_callback_error``)."""
+        self._io.retrying(
+            "init_transactions", self._io.producer.init_transactions, timeout,
+            defer_callback_errors=True,
+        )  # fmt: skip
+        self._life.transition_to(State.READY)
+        if self._twophase is not None:
+            self._io.drain(defer_callback_errors=True)  # statistics queued before init are stale
+            self._twophase.identity.invalidate()
+            self._twophase.prepared = None
+            self._twophase.recovered = None
+
+    def commit(self, timeout: float | None) -> None:
+        """The body of commit_transaction(); a callback's exception stays stashed."""
+        with timed(self._metrics, "commit_transaction"):
+            state = self._life.state
+            if state is State.ABORTABLE:
+                raise self._io.commit_failed(self._life.abortable)
+            if state is State.RECOVERING:
+                self._settle_kept_transaction(commit=True, timeout=timeout)
+                return
+            self._life.require("commit_transaction")
+            if state in (State.PREPARED, State.IN_DOUBT):
+                assert self._twophase is not None
+                self._twophase.commit_prepared(timeout)
+                return
+            # Sends are refused from here on; those under way are waited for, so that a
+            # record failing in one of them (a serializer) is seen before committing.
+            self._life.transition_to(State.COMMITTING)
+            budget = self._operation_timeout if timeout is None else timeout
+            if not self.await_sends(time.monotonic() + budget):
+                raise self._io.commit_failed(_sends_under_way(budget))
+            first_failure = self._deliveries.first_failure
+            if first_failure is not None:  # a record already failed: cannot commit
+                raise self._io.commit_failed(first_failure)
+            try:
+                self._io.retrying(
+                    "commit_transaction", self._io.producer.commit_transaction, timeout,
+                    defer_callback_errors=True,
+                )  # fmt: skip
+            except CommitFailedException:
+                # A record that failed during commit's flush is the real cause (KIP-691).
+                if self._deliveries.first_failure is not None:
+                    raise self._io.commit_failed(self._deliveries.first_failure)  # noqa: B904
+                raise
+            self._life.transition_to(State.READY)
+
+    def abort(self, timeout: float | None) -> None:
+        """The body of abort_transaction(); a callback's exception stays stashed."""
+        with timed(self._metrics, "abort_transaction"):
+            state = self._life.state
+            if state is State.RECOVERING:
+                self._settle_kept_transaction(commit=False, timeout=timeout)
+                return
+            self._life.require("abort_transaction")
+            self._life.transition_to(State.ABORTING)
+            # A send under way would otherwise reach librdkafka after the abort, outside
+            # any transaction or inside the next one.
+            budget = self._operation_timeout if timeout is None else timeout
+            if not self.await_sends(time.monotonic() + budget):
+                raise TransactionOutcomeUnknownError(
+                    f"abort_transaction(): a produce()/send() in another thread did not "
+                    f"return within {budget:g}s, so nothing was aborted yet: call "
+                    "abort_transaction() again",
+                    kafka_error=KafkaError(KafkaError._TIMED_OUT),
+                    operation="abort_transaction",
+                )
+            self._io.retrying(
+                "abort_transaction", self._io.producer.abort_transaction, timeout,
+                defer_callback_errors=True,
+            )  # fmt: skip
+            # librdkafka purged the queue; serve those reports now so that none of them is
+            # counted against the next transaction.
+            self._io.drain(defer_callback_errors=True)
+            self._deliveries.reset()
+            self._life.aborted()
+            if self._twophase is not None:
+                self._twophase.prepared = None
+                self._twophase.identity.invalidate()  # abort may have bumped the epoch
+
+    def _settle_kept_transaction(self, commit: bool, timeout: float | None) -> None:
+        """commit_transaction()/abort_transaction() right after
+        init_transactions(keep_prepared_txn=True): commit whatever is open (KIP-939
+        leaves that choice to the caller), or abort it; then initialise."""
+        assert self._twophase is not None
+        self._twophase.settle_kept(commit)
+        self.init(timeout)  # aborts whatever is still open
+
+    def await_sends_to_prepare(self, deadline: float) -> None:
+        if not self.await_sends(deadline):
+            raise prepare_failed("a produce()/send() in another thread did not return")
+
+    def await_sends(self, deadline: float) -> bool:
+        """Wait until no produce()/send() is under way; False if one still is at
+        ``deadline``. The state is no longer IN_TRANSACTION (preparing, committing,
+        aborting), so a send that starts later is refused. Under the GIL the counters'
+        reads and increments are sequentially consistent: reading "done" and then
+        "started" equal proves that at that instant no send had passed its state check
+        unfinished."""
+        while True:
+            done = _count(self.sends_done)
+            if _count(self.sends_started) == done:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0002)

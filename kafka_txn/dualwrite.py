@@ -65,6 +65,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
+from ._ddl import add_column_if_missing, add_column_statement, create_table_if_missing
 from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings
 from .errors import (
     ConfigurationError,
@@ -189,17 +190,6 @@ def _is_lock_timeout(exc: DBAPIError) -> bool:
         return True
     args: tuple[Any, ...] = getattr(orig, "args", ())
     return bool(args) and args[0] == 1205
-
-
-def _is_duplicate_column(exc: DBAPIError) -> bool:
-    """ALTER TABLE ... ADD COLUMN lost a race with another writer's: PostgreSQL's
-    duplicate_column (42701), MySQL/MariaDB's ER_DUP_FIELDNAME (1060), SQLite's
-    "duplicate column name"."""
-    orig = exc.orig
-    if getattr(orig, "sqlstate", None) == "42701":
-        return True
-    args: tuple[Any, ...] = getattr(orig, "args", ())
-    return (bool(args) and args[0] == 1060) or "duplicate column name" in str(orig).lower()
 
 
 class _Row(NamedTuple):
@@ -381,7 +371,7 @@ class _StateRow:
     def ensure(self, create: bool) -> None:
         """The table (if ``create``), its owner column, and this writer's row exist."""
         if create:
-            self.table.create(self.engine, checkfirst=True)
+            create_table_if_missing(self.engine, self.table)  # safe against racing writers
         self._ensure_owner_column(create)
         self._ensure_row()
 
@@ -428,38 +418,29 @@ class _StateRow:
 
     def _ensure_owner_column(self, create: bool) -> None:
         """Add the owner column to a state table created before it existed. Safe when
-        several writers start at once: the losers of the race get a duplicate-column
-        error, which means the column is there."""
+        several writers start at once (``_ddl.add_column_if_missing``)."""
         columns = {col["name"] for col in inspect(self.engine).get_columns(self.table.name)}
         if self._owner.name in columns:
             return
-        prep = self.engine.dialect.identifier_preparer
-        ddl = (
-            f"ALTER TABLE {prep.format_table(self.table)} ADD COLUMN "
-            f"{prep.format_column(self._owner)} "
-            f"{self._owner.type.compile(dialect=self.engine.dialect)}"
-        )
+        ddl = add_column_statement(self.engine, self.table, self._owner)
         if not create:
             raise ConfigurationError(
                 f"the state table {self.table.name} has no owner column "
                 f"{self._owner.name!r}, which fences a writer replaced by a newer one: run "
                 f"`{ddl}` (or pass create_state_table=True to let the writer add it)"
             )
-        with self.engine.connect() as conn:
-            conn.begin()
-            try:
-                self._bound_lock_wait(conn, metadata_locks=True)
-                conn.exec_driver_sql(ddl)
-                conn.commit()
-            except DBAPIError as exc:
-                conn.rollback()
-                if _is_duplicate_column(exc):
-                    return
-                if _is_lock_timeout(exc):
-                    raise self._lock_timed_out("start() adding the owner column") from exc
-                raise
-            finally:
-                self._unbound_metadata_locks(conn)
+
+        @contextmanager
+        def bounded(conn: Connection) -> Iterator[None]:
+            self._bound_lock_wait(conn)  # also bounds metadata-lock waits on MySQL/MariaDB
+            yield
+
+        try:
+            add_column_if_missing(self.engine, self.table, self._owner, session=bounded)
+        except DBAPIError as exc:
+            if _is_lock_timeout(exc):
+                raise self._lock_timed_out("start() adding the owner column") from exc
+            raise
 
     def _ensure_row(self) -> None:
         try:
@@ -553,12 +534,14 @@ class _StateRow:
             params["lock_ms"] = str(max(1, math.ceil(self.lock_timeout * 1000)))
         return params
 
-    def _bound_lock_wait(self, conn: Connection, *, metadata_locks: bool = False) -> None:
+    def _bound_lock_wait(self, conn: Connection) -> None:
         """Bound the lock waits of ``conn``'s transaction by ``lock_timeout``, where the
         lock statement does not do it itself: PostgreSQL ``SET LOCAL lock_timeout``;
-        MySQL/MariaDB ``SET SESSION innodb_lock_wait_timeout`` (whole seconds, at least
-        1; once per pooled connection) and, for DDL, ``lock_wait_timeout`` (metadata
-        locks); SQLite's busy timeout (once per connection)."""
+        MySQL/MariaDB ``SET SESSION`` both ``innodb_lock_wait_timeout`` (row locks) and
+        ``lock_wait_timeout`` (metadata locks: a table locked by ``LOCK TABLES`` or an
+        ``ALTER TABLE``, whose default wait is a year on MySQL, a day on MariaDB), whole
+        seconds, at least 1, once per pooled connection; SQLite's busy timeout (once per
+        connection)."""
         timeout = self.lock_timeout
         if timeout is None:
             return
@@ -566,31 +549,16 @@ class _StateRow:
         if self.dialect == "postgresql":
             conn.execute(text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": str(ms)})
             return
-        if metadata_locks and self.dialect in ("mysql", "mariadb"):
-            previous = conn.execute(text("SELECT @@SESSION.lock_wait_timeout")).scalar()
-            conn.info["kafka_txn.lock_wait_timeout"] = previous
-            conn.execute(
-                text("SET SESSION lock_wait_timeout = :s"), {"s": max(1, math.ceil(timeout))}
-            )
         if conn.info.get("kafka_txn.lock_timeout") == ms:
             return
         if self.dialect == "sqlite":
             conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(ms)}")
         else:
             conn.execute(
-                text("SET SESSION innodb_lock_wait_timeout = :s"),
+                text("SET SESSION innodb_lock_wait_timeout = :s, lock_wait_timeout = :s"),
                 {"s": max(1, math.ceil(timeout))},
             )
         conn.info["kafka_txn.lock_timeout"] = ms
-
-    @staticmethod
-    def _unbound_metadata_locks(conn: Connection) -> None:
-        previous = conn.info.pop("kafka_txn.lock_wait_timeout", None)
-        if previous is not None:
-            try:
-                conn.execute(text("SET SESSION lock_wait_timeout = :s"), {"s": int(previous)})
-            except DBAPIError:
-                conn.invalidate()  # never hand a connection with our setting back
 
     def _lock_timed_out(self, waiting_for: str) -> TransactionAbortableError:
         """The error for a lock wait that outlasted ``lock_timeout``: the writer stays
@@ -840,6 +808,13 @@ class DualWriter:
             f"{None if row is None else row.state!r}, not {str(state)!r}: another writer "
             "has moved on since; call start() and handle what it reports"
         )
+
+    def store_completed(self) -> bool:
+        """Store the last commit's state marked completed now rather than within
+        ``mark_completed_after`` (a compare-and-set, as always). False if the database
+        refused (logged; the mark stays due). For callers that hand the transactional id
+        to someone else next, such as a sink's driver checking what is unfinished."""
+        return self._marks.flush()
 
     def close(self) -> None:
         """Store the last commit's state marked completed, close the producer and the

@@ -321,3 +321,43 @@ def test_of_two_racing_starts_the_last_owner_is_left_working(broker, jdbc_url, t
         b1.close()
         b2.close()
     sides.assert_equal_sides({"b2"})
+
+
+def test_body_sql_waiting_for_a_metadata_lock_is_bounded_on_mariadb(broker, mariadb_jdbc, txn_id):
+    """lock_timeout also bounds the body's own SQL on MariaDB when it waits for a table's
+    metadata lock (LOCK TABLES here; any statement queued behind an ALTER TABLE alike),
+    not only for row locks: the insert fails while the blocker still holds the table,
+    nothing is written, and the writer stays usable. Found by a red-team review (the wait
+    was MariaDB's default lock_wait_timeout, a day)."""
+    sides = Sides(broker, mariadb_jdbc, txn_id)
+    writer = sides.writer(lock_timeout=1.0)
+    engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
+    outcome: list[BaseException | str] = []
+    try:
+        writer.start()
+        blocker = engine.connect()
+        blocker.exec_driver_sql(f"LOCK TABLES `{sides.events.name}` WRITE")
+        try:
+            thread = threading.Thread(target=lambda: _write_into(sides, writer, outcome))
+            thread.start()
+            thread.join(120)  # a hang guard, not a timing assertion
+            assert not thread.is_alive(), "the insert still waits for the metadata lock"
+        finally:
+            blocker.exec_driver_sql("UNLOCK TABLES")
+            blocker.close()
+        assert len(outcome) == 1 and not isinstance(outcome[0], str)
+        assert "1205" in str(outcome[0]) or isinstance(outcome[0], TransactionAbortableError)
+        assert writer.producer.state == "ready"
+        sides.write(writer, "after")
+    finally:
+        writer.close()
+        engine.dispose()
+    sides.assert_equal_sides({"after"})
+
+
+def _write_into(sides: Sides, writer: DualWriter, outcome: list[BaseException | str]) -> None:
+    try:
+        sides.write(writer, "blocked")
+        outcome.append("committed")
+    except Exception as exc:
+        outcome.append(exc)

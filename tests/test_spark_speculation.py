@@ -1,0 +1,127 @@
+"""The PySpark sink with ``spark.speculation=true`` and a task killed after its database
+commit, while a speculative copy of it runs (issue 10).
+
+Spark launches a speculative copy only on a host where the task has not run an attempt
+(``TaskSetManager.dequeueTaskFromList``: ``!(speculative && hasAttemptOnHost(index,
+host))``), and in local mode it never checks for speculatable tasks (``TaskSchedulerImpl
+.start()``: ``!isLocal && SPECULATION_ENABLED``). So neither ``local[...]`` nor
+``local-cluster[...]`` (every executor on one host) ever runs one: the task would only be
+retried. The query therefore runs on a standalone cluster started by
+tests/spark_speculation_app.py: a master and two workers, on 127.0.0.1 and 127.0.0.2,
+one executor with one core on each. Speculation is aggressive (checked every 100 ms,
+quantile 0.5, multiplier 1.0, minTaskRuntime 100 ms, no processing-rate check).
+
+What it exercises: four micro-batches of four partitions. In batch 1, partition 0's first
+attempt commits its database transaction (rows, marker, prepared Kafka state) and
+pauses, its Kafka transaction prepared and its producer alive. Spark marks it
+speculatable and launches a copy on the other host (asserted from the event log: a
+``SparkListenerTaskStart`` with ``"Speculative": true`` for that task, on the other
+host, and that copy's success). The copy's writer recovers the prepared transaction (it
+commits it in Kafka, the database having committed it) and takes the transactional id
+over, fencing the paused attempt; finding the partition's marker, it writes nothing. As
+soon as the paused attempt sees the id taken over (the state row's owner changed), its
+Python worker SIGKILLs itself. Spark records that attempt as crashed ("Python worker
+exited unexpectedly") or, when the copy's success reaches the driver first, as killed
+because another attempt succeeded: either is accepted. Kafka (read_committed,
+kafka-python) and PostgreSQL (plain SQL) must hold the input exactly once.
+
+What it does not exercise: a speculative copy that writes the partition itself (the
+pause comes after the first attempt's database commit, so the copy always finds the
+marker), a copy waiting for the state-row lock while the first attempt is inside its
+transaction, the first attempt dying before the copy recovers it (then the copy's
+recovery, not a retry's, would find a dead producer: the same recovery path the cluster
+test's retry takes), and speculation across real machines. Under ``local-cluster`` the
+same query gets no copy: the driver marks the task speculatable, the idle executor on the
+same host never receives it, and only the retry after the kill recovers the partition
+(``--master local-cluster`` in the app shows it).
+
+The query runs in a subprocess, in its own process group, killed whatever happens."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from kafka_txn.jdbc import jdbc_to_sqlalchemy
+from tests.spark_speculation_app import HOSTS, PARTITIONS
+from tests.test_spark_cluster import FILES, ROWS, _input_files, _run
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.broker
+
+
+def _events(folder: Path) -> list[dict[str, Any]]:
+    (log,) = folder.iterdir()
+    return [json.loads(line) for line in log.read_text().splitlines() if line]
+
+
+def test_sink_with_speculation_and_a_task_killed_after_its_database_commit(
+    broker, postgres_jdbc, tmp_path
+):
+    values = _input_files(tmp_path / "in")
+    topic = broker.create_topic(partitions=2)
+    table = f"speculation_{uuid.uuid4().hex[:10]}"
+    faults, work = tmp_path / "faults", tmp_path / "work"
+    faults.mkdir()
+    work.mkdir()
+    done = _run(
+        [sys.executable, str(ROOT / "tests" / "spark_speculation_app.py"),
+         "--input", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "ckpt"),
+         "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic,
+         "--jdbc-url", postgres_jdbc, "--dbtable", table,
+         "--prefix", f"spec-{uuid.uuid4().hex[:8]}",
+         "--fault-dir", str(faults), "--work-dir", str(work)],
+        timeout=300,
+    )  # fmt: skip
+    logs = "".join(p.read_text()[-2000:] for p in sorted(work.glob("*.log")))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:] + logs
+    # The hook paused, saw another attempt take the partition's id over, and killed itself.
+    assert {p.name for p in faults.iterdir()} == {"paused", "taken-over", "killed"}
+
+    events = _events(work / "events")
+    starts = [e for e in events if e["Event"] == "SparkListenerTaskStart"]
+    assert {e["Task Info"]["Host"] for e in starts} == set(HOSTS)
+    # Batch 1's job: a one-task stage reading the file, then the sink's four-task stage,
+    # whose task index is the partition.
+    (job,) = (
+        e for e in events
+        if e["Event"] == "SparkListenerJobStart" and e["Properties"]["streaming.sql.batchId"] == "1"
+    )  # fmt: skip
+    (stage,) = (s["Stage ID"] for s in job["Stage Infos"] if s["Number of Tasks"] == PARTITIONS)
+    ends = {
+        e["Task Info"]["Task ID"]: e["Task End Reason"] for e in events
+        if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] == stage
+    }  # fmt: skip
+    attempts = [e["Task Info"] for e in starts if e["Stage ID"] == stage]
+    (first, copy) = sorted(
+        (a for a in attempts if a["Index"] == 0), key=lambda a: a["Attempt"]
+    )  # partition 0: the paused attempt and its speculative copy, and no other
+    assert (first["Speculative"], copy["Speculative"]) == (False, True)
+    assert copy["Host"] != first["Host"]
+    assert ends[copy["Task ID"]]["Reason"] == "Success"
+    # The paused attempt's Python worker died by its own SIGKILL ("killed" above): Spark
+    # records a crashed worker, or, had the copy's success reached the driver first, the
+    # kill it sent that attempt.
+    end = ends[first["Task ID"]]
+    assert end["Reason"] == "TaskKilled" or "exited unexpectedly" in json.dumps(end), end
+    succeeded = {a["Index"] for a in attempts if ends[a["Task ID"]]["Reason"] == "Success"}
+    assert succeeded == set(range(PARTITIONS))
+
+    kafka = broker.read_committed(topic, expected=len(values))
+    assert sorted(v.decode() for _, v in kafka) == sorted(values)
+    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(f"SELECT key, value FROM {table}")).all()
+    finally:
+        engine.dispose()
+    assert sorted(value for _, value in rows) == sorted(values)
+    assert {(key, value) for key, value in rows} == {
+        (f"k{r}", f"f{f}-r{r}") for f in range(FILES) for r in range(ROWS)
+    }

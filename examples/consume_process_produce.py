@@ -8,8 +8,12 @@ The loop has two phases (KIP-691):
   1. transmission: begin, process, produce, send the consumer's offsets. Any exception
      here only means "do not commit".
   2. commit: commit, or abort. CommitFailedException (and any abortable error) means:
-     rewind the consumer to its last committed offsets and abort; the records are read
-     and processed again in the next transaction.
+     abort, and only then rewind the consumer to the batch's first offsets; the records
+     are read and processed again in the next transaction. (Abort first: while the
+     transaction is open its offsets are pending, and Apache Kafka refuses a
+     read_committed consumer's offset fetch with UNSTABLE_OFFSET_COMMIT.) A commit that
+     raises TransactionOutcomeUnknownError may have committed: it is called again,
+     never aborted.
 A FatalError (fenced, not authorized, ...) ends the loop: both clients are closed and the
 error is re-raised. --fail-once-at N injects one processing failure at the N-th record to
 show the abort path.
@@ -29,9 +33,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
-from kafka_txn import FatalError, KafkaTxnError, TransactionalProducer
+from kafka_txn import (
+    FatalError,
+    KafkaTxnError,
+    TransactionalProducer,
+    TransactionOutcomeUnknownError,
+)
 
 log = logging.getLogger("consume_process_produce")
 
@@ -45,13 +54,16 @@ def process(msg: Message) -> bytes:
     return (msg.value() or b"").upper()
 
 
-def reset_to_last_committed(consumer: Consumer) -> None:
-    """Seek every assigned partition back to the group's committed offset, so that the
-    records of an aborted transaction are read again."""
-    assignment = consumer.assignment()
-    for tp in consumer.committed(assignment, timeout=30):
-        offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-        consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+def rewind(consumer: Consumer, batch: Sequence[Message]) -> None:
+    """Seek each partition of the batch back to its first offset in it, so that the
+    records of an aborted transaction are read again. (Not to the group's committed
+    offset: a partition without one would restart at auto.offset.reset, and no offset
+    fetch is needed.) Call it after the abort."""
+    first: dict[tuple[str, int], int] = {}
+    for msg in batch:
+        first.setdefault((msg.topic(), msg.partition()), msg.offset())
+    for (topic, partition), offset in first.items():
+        consumer.seek(TopicPartition(topic, partition, offset))
 
 
 def next_offsets(batch: Sequence[Message]) -> list[TopicPartition]:
@@ -128,20 +140,41 @@ def transmit(
         return False
 
 
+COMMIT_TRIES = 3
+"""How many times a commit whose outcome is unknown is tried before giving up."""
+
+
+def commit(producer: TransactionalProducer) -> None:
+    """commit_transaction(), called again while its outcome is unknown: the broker may
+    have written the commit, so it is never aborted. After COMMIT_TRIES the error goes
+    up; a restart with the same transactional.id settles the transaction."""
+    for attempt in range(1, COMMIT_TRIES + 1):
+        try:
+            producer.commit_transaction()
+            return
+        except TransactionOutcomeUnknownError as exc:
+            if attempt == COMMIT_TRIES:
+                raise
+            log.warning("commit outcome unknown (try %d): %s; committing again", attempt, exc)
+
+
 def commit_or_abort(
-    producer: TransactionalProducer, consumer: Consumer, should_commit: bool
+    producer: TransactionalProducer,
+    consumer: Consumer,
+    batch: Sequence[Message],
+    should_commit: bool,
 ) -> bool:
-    """Phase 2: commit, or rewind and abort. True if the transaction committed."""
+    """Phase 2: commit, or abort and then rewind. True if the transaction committed."""
     try:
         if should_commit:
-            producer.commit_transaction()
+            commit(producer)
             return True
-    except FatalError:
+    except (FatalError, TransactionOutcomeUnknownError):
         raise
     except KafkaTxnError as exc:  # CommitFailedException or another abortable error
         log.warning("commit failed, aborting: %s", exc)
-    reset_to_last_committed(consumer)
-    producer.abort_transaction()
+    producer.abort_transaction()  # first: the transaction's offsets stop being pending
+    rewind(consumer, batch)
     return False
 
 
@@ -165,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             idle_since = time.monotonic()
             should_commit = transmit(producer, consumer, batch, args.output_topic, injector)
-            if commit_or_abort(producer, consumer, should_commit):
+            if commit_or_abort(producer, consumer, batch, should_commit):
                 written += len(batch)
         return written
     except FatalError:

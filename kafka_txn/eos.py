@@ -5,15 +5,21 @@ Each batch is one transaction::
 
     transmission: begin; for each record: process() and produce its outputs;
                   send the consumer's offsets to the transaction
-    commit:       commit; or, after any failure, rewind the consumer to the last
-                  committed offsets and abort
+    commit:       commit (again while its outcome is unknown, never aborted); or, after
+                  any other failure, abort and then rewind the consumer to the batch's
+                  first offset of each partition
 
-A record whose ``process()`` raises makes the transaction roll back; when it comes round
-again it is retried, with backoff, up to ``max_attempts``; after that the recoverer gets it
-inside the next transaction (by default: publish it with its error to a dead-letter
-topic), and its offset commits with that transaction, so a poison record neither blocks
-the partition nor is lost. A FatalError (fenced, not authorized, ...) ends the loop: both
-clients are closed and the error is raised.
+A record whose ``process()`` raises, or one of whose outputs Kafka rejects
+(``FailureType.MESSAGE_REJECTED``), makes the transaction roll back; when it comes round
+again it is retried, with backoff, up to ``max_attempts`` (after a rejection its batch
+goes one record per transaction, so the rest of the partition commits); after that the
+recoverer gets it inside the next transaction (by default: publish it with its error to
+a dead-letter topic), and its offset commits with that transaction, so a poison record
+neither blocks the partition nor is lost. A record that could not be delivered, or a
+transaction that failed around the records, is not the record's fault: the batch is
+retried after a backoff pause and never recovered. A FatalError (fenced, not authorized,
+...) ends the loop: both clients are closed and the error is raised; so does a commit
+still unsettled after ``commit_attempts`` tries (``TransactionOutcomeUnknownError``).
 """
 
 from __future__ import annotations
@@ -27,9 +33,18 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import tenacity
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
-from .errors import ConfigurationError, FatalError, KafkaTxnError
+from .delivery import DeliveryCallback
+from .errors import (
+    ConfigurationError,
+    FailureType,
+    FatalError,
+    KafkaTxnError,
+    ProduceFailedException,
+    TransactionOutcomeUnknownError,
+    root_exception,
+)
 from .producer import TransactionalProducer
 
 __all__ = [
@@ -95,11 +110,27 @@ class ProcessorStats:
     recovered: int = 0
 
 
-class _ProcessingFailedError(Exception):
-    def __init__(self, record: Message, error: BaseException) -> None:
+class _TransactionFailedError(Exception):
+    """Why a transaction of the loop cannot commit: ``record`` is the input it is
+    counted against (None: the whole batch), ``rejected`` whether Kafka refused an output
+    as bad (``FailureType.MESSAGE_REJECTED``)."""
+
+    def __init__(
+        self, error: BaseException, record: Message | None = None, *, rejected: bool = False
+    ) -> None:
         super().__init__(str(error))
-        self.record = record
         self.error = error
+        self.record = record
+        self.rejected = rejected
+
+
+def _failure_type(exc: BaseException) -> FailureType | None:
+    """The ``FailureType`` of the failed record behind ``exc`` (itself, or the root cause
+    a ``CommitFailedException`` or a refused send carries), None if no record failed."""
+    for candidate in (exc, exc.__cause__):
+        if isinstance(candidate, ProduceFailedException):
+            return candidate.failure_type
+    return None
 
 
 def _backoff(wait: tenacity.wait.wait_base, attempt: int) -> float:
@@ -130,7 +161,13 @@ class ExactlyOnceProcessor:
     here); ``producer_config`` needs a ``transactional.id``. ``max_attempts`` tries per
     record, with ``backoff`` (a tenacity wait strategy) between them, then ``recoverer``
     (default: ``DeadLetterRecoverer(dead_letter_topic)``; without either, the record is
-    retried forever and blocks its partition, as a log line says each time).
+    retried forever and blocks its partition, as a log line says each time). A record
+    counts as failed when ``process()`` raises or when Kafka rejects one of its outputs
+    (``FailureType.MESSAGE_REJECTED``). ``commit_attempts`` is how many times a commit
+    whose outcome is unknown (or an abort that did not complete) is tried before
+    ``run()`` stops with ``TransactionOutcomeUnknownError`` (each try lasts up to the
+    producer's operation timeout, ``transaction.timeout.ms`` by default). ``sleep``
+    takes the backoff pauses.
     """
 
     def __init__(
@@ -146,11 +183,15 @@ class ExactlyOnceProcessor:
         dead_letter_topic: str | None = None,
         batch_size: int = 500,
         poll_timeout: float = 0.5,
+        commit_attempts: int = 3,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if "group.id" not in consumer_config:
             raise ConfigurationError("consumer_config needs group.id (offsets commit to it)")
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be >= 1")
+        if commit_attempts < 1:
+            raise ConfigurationError("commit_attempts must be >= 1")
         if not topics or isinstance(topics, str):
             raise ConfigurationError(
                 f"topics must be a non-empty list of topic names, got {topics!r}"
@@ -168,6 +209,7 @@ class ExactlyOnceProcessor:
         self.topics = list(topics)
         self.process = process
         self.max_attempts = max_attempts
+        self.commit_attempts = commit_attempts
         self.backoff = backoff or (
             tenacity.wait_exponential(multiplier=0.1, max=5.0) + tenacity.wait_random(0, 0.1)
         )
@@ -175,7 +217,14 @@ class ExactlyOnceProcessor:
         self.batch_size = batch_size
         self.poll_timeout = poll_timeout
         self.stats = ProcessorStats()
+        self._sleep = sleep
         self._attempts = _Attempts()
+        # Per partition, the last offset of a batch that an output rejection failed: up to
+        # there, records go one per transaction, so the rejection names its record.
+        self._one_by_one: dict[tuple[str, int], int] = {}
+        self._batch_failures = 0  # consecutive failures not counted against a record
+        # Inputs whose output Kafka rejected in the current transaction, with the error.
+        self._rejected: dict[tuple[str, int, int], tuple[Message, BaseException]] = {}
         self._stop = threading.Event()
         self.consumer = Consumer(
             {
@@ -195,27 +244,35 @@ class ExactlyOnceProcessor:
         self, *, idle_timeout: float | None = None, max_batches: int | None = None
     ) -> ProcessorStats:
         """Loop until ``stop()``, ``idle_timeout`` seconds without input, or
-        ``max_batches`` transactions; returns the stats. Closes both clients at the end."""
+        ``max_batches`` transactions; returns the stats. Closes both clients at the end.
+
+        Raises ``FatalError`` (fenced, not authorized, ...) and
+        ``TransactionOutcomeUnknownError`` (a commit still unsettled after
+        ``commit_attempts`` tries: it was not aborted; a processor started again with the
+        same transactional.id settles it and resumes from the committed offsets)."""
         try:
             self.producer.init_transactions()
             self.consumer.subscribe(self.topics, on_revoke=self._on_revoke, on_lost=self._on_revoke)
             idle_since = time.monotonic()
-            while not self._stop.is_set():
-                if max_batches is not None and self.stats.transactions >= max_batches:
-                    break
+            while not self._done(max_batches):
                 batch = self._consume()
                 if not batch:
                     if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
                         break
                     continue
                 idle_since = time.monotonic()
-                self._one_transaction(batch)
+                self._run_batch(batch, max_batches)
             return self.stats
         except FatalError:
             log.exception("fatal error: closing the producer and the consumer")
             raise
         finally:
             self.close()
+
+    def _done(self, max_batches: int | None) -> bool:
+        return self._stop.is_set() or (
+            max_batches is not None and self.stats.transactions >= max_batches
+        )
 
     def _consume(self) -> list[Message]:
         batch = []
@@ -235,41 +292,141 @@ class ExactlyOnceProcessor:
         with contextlib.suppress(RuntimeError):  # already closed
             self.consumer.close()
 
+    # ------------------------------------------------------------------ one batch
+    def _run_batch(self, batch: list[Message], max_batches: int | None) -> None:
+        """Commit ``batch`` in as few transactions as allowed: records of a range that an
+        output rejection failed go one per transaction. After a failed transaction the
+        rest of the batch is dropped (the consumer was rewound: it comes again)."""
+        pending = batch
+        while pending:
+            if self._done(max_batches):
+                return  # the rest is not committed: read again by whoever runs next
+            size = self._chunk_size(pending)
+            if not self._one_transaction(pending[:size], pending):
+                return
+            pending = pending[size:]
+
+    def _chunk_size(self, pending: list[Message]) -> int:
+        if not self._one_by_one:
+            return len(pending)
+        size = 0
+        for record in pending:
+            if self._isolated(record):
+                return max(size, 1)
+            size += 1
+        return size
+
+    def _isolated(self, record: Message) -> bool:
+        topic, partition, offset = _position(record)
+        last = self._one_by_one.get((topic, partition))
+        return last is not None and offset <= last
+
     # ------------------------------------------------------------------ one transaction
-    def _one_transaction(self, batch: list[Message]) -> None:
-        failure: _ProcessingFailedError | None = None
+    def _one_transaction(self, chunk: list[Message], pending: list[Message]) -> bool:
+        """One transaction over ``chunk``; True if it committed. On failure: abort, then
+        rewind every partition of ``pending`` (chunk and unprocessed rest) to its first
+        offset there, then pause as the failure asks."""
+        failure: _TransactionFailedError | None = None
         recovered: list[tuple[str, int, int]] = []
+        self._rejected.clear()
         # Phase 1: transmission. Any failure (but a fatal one) only means: do not commit.
         try:
             self.producer.begin_transaction()
-            for record in batch:
+            for record in chunk:
                 self._transmit(record, recovered)
             self.producer.send_offsets_to_transaction(
-                _next_offsets(batch), self.consumer.consumer_group_metadata()
+                _next_offsets(chunk), self.consumer.consumer_group_metadata()
             )
-            should_commit = True
         except FatalError:
             raise
-        except _ProcessingFailedError as exc:
-            failure, should_commit = exc, False
+        except _TransactionFailedError as exc:
+            failure = exc
         except KafkaTxnError as exc:
-            log.warning("transmission failed, aborting: %s", exc)
-            should_commit = False
-        # Phase 2: commit, or rewind and abort.
-        if should_commit:
+            failure = _TransactionFailedError(exc)
+        # Phase 2: commit, or abort and rewind.
+        if failure is None:
             try:
-                self.producer.commit_transaction()
-                self._committed(batch, recovered)
-                return
-            except FatalError:
+                self._commit(chunk)
+                self._committed(chunk, recovered)
+                return True
+            except (FatalError, TransactionOutcomeUnknownError):
                 raise
             except KafkaTxnError as exc:  # CommitFailedException and friends
-                log.warning("commit failed, aborting: %s", exc)
-        self._rewind()
-        self.producer.abort_transaction()
+                failure = _TransactionFailedError(exc)
+        log.warning("transaction of %d records failed, aborting: %s", len(chunk), failure)
+        # KIP-447/KIP-691: abort first. Until the abort, the group has pending offsets
+        # of this transaction, and a read_committed offset fetch would be refused.
+        self._abort(chunk)  # serves the delivery reports still queued
         self.stats.aborts += 1
-        if failure is not None:
-            self._after_rollback(failure)
+        self._blame_rejections(failure, chunk)
+        self._rewind(pending)
+        self._after_rollback(failure, chunk)
+        return False
+
+    def _blame_rejections(self, failure: _TransactionFailedError, chunk: list[Message]) -> None:
+        """Count every output Kafka refused as bad against the input that produced it,
+        whichever call noticed the failure first; then the chunk goes one record per
+        transaction. A rejection no report names (a recoverer's output, say) is the
+        record's only in a one-record transaction."""
+        if not self._rejected and _failure_type(failure.error) is FailureType.MESSAGE_REJECTED:
+            if len(chunk) == 1:
+                self._rejected[_position(chunk[0])] = (chunk[0], failure.error)
+            else:
+                failure.rejected = True
+        for record, error in self._rejected.values():
+            self._count(record, error)
+            failure.rejected = True
+            if failure.record is None:
+                failure.record = record
+        self._rejected.clear()
+
+    def _commit(self, chunk: list[Message]) -> None:
+        """commit_transaction(), tried again while its outcome is unknown (never aborted:
+        the broker may have written the commit), ``commit_attempts`` times in all."""
+        self._settle(self.producer.commit_transaction, "commit_transaction", chunk)
+
+    def _abort(self, chunk: list[Message]) -> None:
+        """abort_transaction(), tried again while it does not complete (records still in
+        flight, a coordinator away), ``commit_attempts`` times in all."""
+        self._settle(self.producer.abort_transaction, "abort_transaction", chunk)
+
+    def _settle(self, call: Callable[[], None], operation: str, chunk: list[Message]) -> None:
+        for attempt in range(1, self.commit_attempts + 1):
+            try:
+                call()
+                return
+            except TransactionOutcomeUnknownError as exc:
+                if attempt == self.commit_attempts:
+                    raise TransactionOutcomeUnknownError(
+                        f"the outcome of the transaction of {len(chunk)} records (from "
+                        f"{_position(chunk[0])}) is unknown: {operation}() did not settle "
+                        f"in {attempt} tries ({exc}). "
+                        + ("It was not aborted. " if operation == "commit_transaction" else "")
+                        + "Start a processor with the same transactional.id: its "
+                        "init_transactions() completes or aborts the transaction, and it "
+                        "resumes from the group's committed offsets either way",
+                        kafka_error=exc.kafka_error,
+                        operation=operation,
+                    ) from root_exception(exc)
+                pause = _backoff(self.backoff, attempt)
+                log.warning("%s: outcome unknown (try %d of %d): %s; trying again in %.2fs",
+                            operation, attempt, self.commit_attempts, exc, pause)  # fmt: skip
+                self._sleep(pause)
+
+    def _count(self, record: Message, error: BaseException) -> None:
+        key = _position(record)
+        self._attempts.counts[key] = self._attempts.counts.get(key, 0) + 1
+        self._attempts.errors[key] = error
+
+    def _watch(self, record: Message) -> DeliveryCallback:
+        """The delivery callback of ``record``'s outputs: notes a rejected output."""
+        key = _position(record)
+
+        def on_delivery(error: ProduceFailedException | None, message: Message) -> None:
+            if error is not None and error.failure_type is FailureType.MESSAGE_REJECTED:
+                self._rejected.setdefault(key, (record, error))
+
+        return on_delivery
 
     def _transmit(self, record: Message, recovered: list[tuple[str, int, int]]) -> None:
         key = _position(record)
@@ -281,56 +438,85 @@ class ExactlyOnceProcessor:
         try:
             outputs = list(self.process(record))
         except Exception as exc:
-            self._attempts.counts[key] = attempts + 1
-            self._attempts.errors[key] = exc
-            raise _ProcessingFailedError(record, exc) from exc
+            self._count(record, exc)
+            raise _TransactionFailedError(exc, record) from exc
+        on_delivery = self._watch(record) if outputs else None
         for out in outputs:
             o = out if isinstance(out, OutputRecord) else OutputRecord(*out)
-            self.producer.produce(o.topic, o.value, o.key, o.partition, headers=o.headers)
+            try:
+                self.producer.produce(
+                    o.topic, o.value, o.key, o.partition, on_delivery, headers=o.headers
+                )
+            except ProduceFailedException as exc:  # this output, refused at once
+                if exc.failure_type is FailureType.MESSAGE_REJECTED:
+                    self._rejected.setdefault(key, (record, exc))
+                raise
             self.stats.outputs += 1
 
-    def _committed(self, batch: list[Message], recovered: list[tuple[str, int, int]]) -> None:
+    def _committed(self, chunk: list[Message], recovered: list[tuple[str, int, int]]) -> None:
         self.stats.transactions += 1
-        self.stats.records += len(batch)
+        self.stats.records += len(chunk)
         self.stats.recovered += len(recovered)
-        for record in batch:
+        self._batch_failures = 0
+        for record in chunk:
             key = _position(record)
             self._attempts.counts.pop(key, None)
             self._attempts.errors.pop(key, None)
+            last = self._one_by_one.get(key[:2])
+            if last is not None and key[2] >= last:
+                del self._one_by_one[key[:2]]
 
-    def _after_rollback(self, failure: _ProcessingFailedError) -> None:
+    def _after_rollback(self, failure: _TransactionFailedError, chunk: list[Message]) -> None:
+        """Decide how the rolled-back records come round again, and pause before that."""
+        self.stats.retries += 1
+        if failure.rejected:  # go one record per transaction until past this chunk
+            for topic, partition, offset in (_position(r) for r in chunk):
+                tp = (topic, partition)
+                self._one_by_one[tp] = max(offset, self._one_by_one.get(tp, offset))
         record = failure.record
+        if record is None:  # delivery or transaction failure: the batch again, after a pause
+            self._batch_failures += 1
+            pause = _backoff(self.backoff, self._batch_failures)
+            log.info("batch failed (%d in a row): %s; retrying in %.2fs",
+                     self._batch_failures, failure.error, pause)  # fmt: skip
+            self._sleep(pause)
+            return
         key = _position(record)
         attempts = self._attempts.counts.get(key, 0)
-        self.stats.retries += 1
         if attempts >= self.max_attempts:
             if self.recoverer is None:
                 log.error(
                     "record %s failed %d times and there is no recoverer: retrying it, "
                     "and its partition waits (%s)", key, attempts, failure.error,
                 )  # fmt: skip
-            else:
+            elif attempts == self.max_attempts:
                 log.warning("record %s failed %d times: recovering it next", key, attempts)
                 return  # no pause: the recoverer takes it in the next transaction
+            else:  # the recoverer's own transaction failed on this record
+                log.error("recovering record %s failed: %s; trying again", key, failure.error)
         pause = _backoff(self.backoff, attempts)
         log.info("record %s failed (attempt %d): %s; retrying in %.2fs",
                  key, attempts, failure.error, pause)  # fmt: skip
-        time.sleep(pause)
+        self._sleep(pause)
 
-    def _rewind(self) -> None:
-        """Seek every assigned partition back to the group's committed offset, so the
-        records of the aborted transaction are read again."""
-        assignment = self.consumer.assignment()
-        if not assignment:
-            return
-        for tp in self.consumer.committed(assignment, timeout=30):
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+    def _rewind(self, pending: list[Message]) -> None:
+        """Seek each partition of ``pending`` back to its first offset there: the records
+        of the aborted transaction and those not yet processed are read again. (Not the
+        group's committed offset: a partition without one would restart from
+        auto.offset.reset, and a read_committed offset fetch may be refused.)"""
+        first: dict[tuple[str, int], int] = {}
+        for topic, partition, offset in (_position(r) for r in pending):
+            first.setdefault((topic, partition), offset)
+        for (topic, partition), offset in first.items():
+            self.consumer.seek(TopicPartition(topic, partition, offset))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Rebalance callbacks run inside consume(), between transactions: nothing of a
         # revoked partition is in flight. Its retry counts move on with it.
         self._attempts.forget_partitions(partitions)
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        for key in [k for k in self._one_by_one if k in gone]:
+            del self._one_by_one[key]
 
 
 def _position(record: Message) -> tuple[str, int, int]:

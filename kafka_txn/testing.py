@@ -47,11 +47,13 @@ __all__ = ["ApiKey", "FaultProxy", "LocalBroker", "MockCluster", "librdkafka_pat
 
 
 class ApiKey(enum.IntEnum):
-    """Kafka protocol API keys of the requests a transactional producer sends."""
+    """Kafka protocol API keys of the requests a transactional producer (and the
+    consumer beside it) sends."""
 
     PRODUCE = 0
     METADATA = 3
     OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
     FIND_COORDINATOR = 10
     INIT_PRODUCER_ID = 22
     ADD_PARTITIONS_TO_TXN = 24

@@ -1,4 +1,6 @@
-"""The exactly-once processor on the broker: poison records, fencing, rebalances."""
+"""The exactly-once processor on the broker: poison records, rejected outputs, fencing,
+rebalances, the offset reset; on the mock cluster: delivery failures, abort before
+rewind, commits whose outcome is unknown."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ from collections import Counter
 
 import pytest
 import tenacity
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
 
-from kafka_txn import FatalError, TransactionalProducer
+from kafka_txn import FatalError, TransactionalProducer, TransactionOutcomeUnknownError
 from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
+from kafka_txn.testing import ApiKey, MockCluster
 
 pytestmark = pytest.mark.broker
 
@@ -210,3 +214,263 @@ def test_bad_processor_settings_are_refused(consumer, kwargs, needle):
             lambda r: [],
             **kwargs,
         )
+
+
+# ---------------------------------------------------------------- failures of the output
+def _run_in_thread(processor: ExactlyOnceProcessor, **kw) -> dict[str, object]:
+    """run() in a thread; a livelock the test detects ends it with stop()."""
+    result: dict[str, object] = {}
+    worker = threading.Thread(
+        target=lambda: result.update(out=_capture(lambda: processor.run(**kw)))
+    )
+    worker.start()
+    worker.join(timeout=120)
+    if worker.is_alive():  # pragma: no cover - only on a regression
+        processor.stop()
+        worker.join(timeout=60)
+    return result
+
+
+def _topic_with_limit(broker, max_message_bytes: int) -> str:
+    """A one-partition topic whose max.message.bytes is below the producer's limit: the
+    broker refuses a larger record at delivery."""
+    name = f"small-{uuid.uuid4().hex[:12]}"
+    admin = broker.admin()
+    config = {"max.message.bytes": str(max_message_bytes)}
+    admin.create_topics([NewTopic(name, 1, 1, config=config)])[name].result(timeout=60)
+    deadline = time.monotonic() + 30
+    while name not in admin.list_topics(name, timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return name
+
+
+@pytest.mark.parametrize("where", ["at_produce", "at_delivery"])
+def test_rejected_output_is_retried_alone_then_dead_lettered(broker, where):
+    """An input whose output Kafka refuses as bad (MESSAGE_REJECTED: larger than
+    message.max.bytes, refused by produce() itself, or larger than the topic's
+    max.message.bytes, refused by the broker at delivery) counts against that input: its
+    batch goes again one record per transaction, the other records commit, the bad one
+    is tried max_attempts times with backoff and then goes to the dead-letter topic, and
+    the partition flows on."""
+    source, dlq = broker.create_topic(2), broker.create_topic(1)
+    if where == "at_produce":  # over the producer's message.max.bytes (1 MB)
+        sink, huge = broker.create_topic(2), b"x" * 2_000_000
+    else:  # the client lets it through, the broker refuses it
+        sink, huge = _topic_with_limit(broker, 10_000), b"x" * 20_000
+    values = [b"ok-%02d" % i for i in range(30)]
+    values[11] = b"huge"
+    _seed(broker, source, values)
+    calls: Counter[bytes] = Counter()
+    pauses: list[float] = []
+    processor: ExactlyOnceProcessor
+
+    def process(record):
+        calls[record.value()] += 1
+        if calls[b"huge"] > 10:  # the old loop never gives up: end the test
+            processor.stop()
+        if record.value() == b"huge":
+            return [OutputRecord(sink, huge, record.key())]
+        return [OutputRecord(sink, record.value().upper(), record.key())]
+
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    processor = _processor(broker, source, sink, group, process, max_attempts=2,
+                           dead_letter_topic=dlq, sleep=pauses.append)  # fmt: skip
+    stats = _run_in_thread(processor, idle_timeout=3)["out"]
+    assert not isinstance(stats, BaseException), stats
+    # Tried max_attempts times (the first in its batch), then recovered.
+    assert calls[b"huge"] == 2
+    assert stats.recovered == 1
+    assert len(pauses) >= 1  # a pause before each retry, never a tight loop
+    out = Counter(v for _, v in broker.read_committed(sink, expected=29))
+    assert out == Counter(v.upper() for v in values if v != b"huge")  # exactly once
+    assert broker.read_committed(dlq, expected=1) == [(b"11", b"huge")]
+    assert _committed(broker, group, source, 2) == _positions_after_last_record(broker, source, 30)
+
+
+def test_delivery_failure_retries_the_batch_with_backoff_and_never_dead_letters(
+    mock_cluster,
+):
+    """A record that cannot be delivered now (DELIVERY_FAILED: message.timeout.ms ran
+    out while the partition refused writes) is not the input's fault: the batch is
+    aborted and retried after a backoff pause, uncounted, and nothing is recovered even
+    with max_attempts=1."""
+    _mock_topics(mock_cluster, 3)
+    recovered: list[bytes] = []
+    pauses: list[float] = []
+    calls: Counter[bytes] = Counter()
+
+    def process(record):
+        calls[record.value()] += 1
+        if sum(calls.values()) > 30:  # the old loop retried without pause: end the test
+            processor.stop()
+        if sum(calls.values()) == 1:  # the first batch's outputs will time out
+            mock_cluster.push_request_errors(
+                ApiKey.PRODUCE, *[KafkaError.NOT_ENOUGH_REPLICAS] * 100_000
+            )
+        return [("dst", record.value())]
+
+    def pause(seconds: float) -> None:  # the partition heals during the backoff pause
+        pauses.append(seconds)
+        mock_cluster.clear_request_errors(ApiKey.PRODUCE)
+
+    processor = _mock_processor(
+        mock_cluster, process, max_attempts=1, sleep=pause,
+        recoverer=lambda record, error, producer: recovered.append(record.value()),
+        producer_extra={"message.timeout.ms": 1000},
+    )  # fmt: skip
+    stats = processor.run(idle_timeout=30, max_batches=1)
+    assert recovered == []
+    assert pauses == [0.05]
+    assert (stats.transactions, stats.aborts, stats.recovered) == (1, 1, 0)
+    assert calls == Counter({b"v0": 2, b"v1": 2, b"v2": 2})
+
+
+# ---------------------------------------------------------------- abort, then rewind
+def _mock_topics(cluster: MockCluster, count: int) -> None:
+    cluster.create_topic("src", partitions=1)
+    cluster.create_topic("dst", partitions=1)
+    seed = Producer({"bootstrap.servers": cluster.bootstrap_servers})
+    for i in range(count):
+        seed.produce("src", b"v%d" % i)
+    assert seed.flush(30) == 0
+
+
+def _mock_processor(cluster, process, *, producer_extra=None, **kw) -> ExactlyOnceProcessor:
+    kw.setdefault("backoff", tenacity.wait_fixed(0.05))
+    return ExactlyOnceProcessor(
+        {"bootstrap.servers": cluster.bootstrap_servers, "group.id": "g"},
+        {"bootstrap.servers": cluster.bootstrap_servers,
+         "transactional.id": f"eos-{uuid.uuid4().hex[:8]}", "retry.backoff.ms": 10,
+         "transaction.timeout.ms": 2000, **(producer_extra or {})},
+        ["src"], process, **kw,
+    )  # fmt: skip
+
+
+def test_failed_transaction_is_aborted_before_the_consumer_rewinds(mock_cluster):
+    """While a transaction holds offsets for the group, Apache Kafka answers a
+    read_committed consumer's OffsetFetch with UNSTABLE_OFFSET_COMMIT (librdkafka retries
+    it until its timeout, then committed() raises). The mock cluster answers so from the
+    failure until the abort: the loop must abort first and rewind after, without
+    fetching the committed offsets of a transaction still open."""
+    _mock_topics(mock_cluster, 5)
+    calls: list[bytes] = []
+    events: list[str] = []
+
+    def process(record):
+        calls.append(record.value())
+        if len(calls) == 2:  # the transaction now has pending offsets on a real broker
+            mock_cluster.push_request_errors(
+                ApiKey.OFFSET_FETCH, *[KafkaError.UNSTABLE_OFFSET_COMMIT] * 100_000
+            )
+            raise ValueError("cannot parse")
+        return [("dst", record.value())]
+
+    processor = _mock_processor(mock_cluster, process)
+    abort = processor.producer.abort_transaction
+
+    def abort_then_settle(*args, **kwargs):
+        abort(*args, **kwargs)
+        events.append("aborted")
+        mock_cluster.clear_request_errors(ApiKey.OFFSET_FETCH)  # no pending offsets now
+
+    processor.producer.abort_transaction = abort_then_settle
+    stats = processor.run(idle_timeout=30, max_batches=1)
+    assert events == ["aborted"]
+    assert calls == [b"v0", b"v1", b"v0", b"v1", b"v2", b"v3", b"v4"]
+    assert (stats.transactions, stats.records, stats.aborts) == (1, 5, 1)
+
+
+# ---------------------------------------------------------------- unknown commit outcome
+def _commit_spy(processor, cluster, *, heal_after: int | None) -> list[str]:
+    """Every commit_transaction() is answered with retriable EndTxn errors until its
+    deadline (outcome unknown); after ``heal_after`` such calls, EndTxn works again."""
+    calls: list[str] = []
+    commit, abort = processor.producer.commit_transaction, processor.producer.abort_transaction
+
+    def spy_commit(*args, **kwargs):
+        calls.append("commit")
+        if heal_after is None or calls.count("commit") <= heal_after:
+            cluster.push_request_errors(
+                ApiKey.END_TXN, *[KafkaError.COORDINATOR_LOAD_IN_PROGRESS] * 100_000
+            )
+        try:
+            return commit(*args, **kwargs)
+        finally:
+            cluster.clear_request_errors(ApiKey.END_TXN)
+
+    def spy_abort(*args, **kwargs):
+        calls.append("abort")
+        return abort(*args, **kwargs)
+
+    processor.producer.commit_transaction = spy_commit
+    processor.producer.abort_transaction = spy_abort
+    return calls
+
+
+def test_commit_with_unknown_outcome_is_tried_again_until_it_settles(mock_cluster):
+    """commit_transaction() ran out of time with retriable errors: the outcome is
+    unknown, so the loop commits again (never aborts) and the batch commits once."""
+    _mock_topics(mock_cluster, 3)
+    processor = _mock_processor(mock_cluster, lambda r: [("dst", r.value())])
+    calls = _commit_spy(processor, mock_cluster, heal_after=1)
+    stats = processor.run(idle_timeout=30, max_batches=1)
+    assert calls == ["commit", "commit"]
+    assert (stats.transactions, stats.records, stats.aborts) == (1, 3, 0)
+
+
+def test_commit_outcome_still_unknown_after_the_bound_stops_the_loop_unaborted(mock_cluster):
+    """A commit still unsettled after commit_attempts tries stops run() with
+    TransactionOutcomeUnknownError saying so; the transaction is never aborted."""
+    _mock_topics(mock_cluster, 3)
+    processor = _mock_processor(mock_cluster, lambda r: [("dst", r.value())], commit_attempts=2)
+    calls = _commit_spy(processor, mock_cluster, heal_after=None)
+    with pytest.raises(TransactionOutcomeUnknownError, match=r"outcome .* is unknown") as info:
+        processor.run(idle_timeout=30, max_batches=1)
+    assert calls == ["commit", "commit"]
+    assert "not aborted" in str(info.value) and "same transactional.id" in str(info.value)
+    assert processor.stats.transactions == 0
+
+
+# ---------------------------------------------------------------- auto.offset.reset
+def test_rollback_with_latest_reset_rewinds_to_the_batch_not_to_old_history(broker):
+    """With auto.offset.reset=latest and no committed offset yet, a rolled-back batch is
+    read again from its own first offset, not from the beginning of the partition."""
+    source, sink = broker.create_topic(1), broker.create_topic(1)
+    old = [b"old-%d" % i for i in range(3)]
+    _seed(broker, source, old)
+    seen: list[bytes] = []
+    started = threading.Event()
+
+    def process(record):
+        seen.append(record.value())
+        started.set()
+        if len(seen) == 1:
+            raise ValueError("first try fails")
+        return [(sink, record.value().upper())]
+
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    processor = ExactlyOnceProcessor(
+        {"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
+         "auto.offset.reset": "latest"},
+        {"bootstrap.servers": broker.bootstrap_servers,
+         "transactional.id": f"eos-{uuid.uuid4().hex[:8]}"},
+        [source], process, backoff=tenacity.wait_fixed(0.01),
+    )  # fmt: skip
+    result: dict[str, object] = {}
+    worker = threading.Thread(
+        target=lambda: result.update(out=_capture(lambda: processor.run(idle_timeout=3)))
+    )
+    worker.start()
+    # Write until the processor, positioned at the end, sees a record: what it saw
+    # first and everything after is new, everything before is history.
+    probes: list[bytes] = []
+    while not started.is_set() and len(probes) < 60:
+        probes.append(b"new-%02d" % len(probes))
+        _seed(broker, source, [probes[-1]])
+        started.wait(1.0)
+    assert started.is_set()
+    worker.join(timeout=60)
+    assert not isinstance(result.get("out"), BaseException), result
+    first = probes.index(seen[0])
+    expected = [p.upper() for p in probes[first:]]
+    assert [v for _, v in broker.read_committed(sink, expected=len(expected))] == expected

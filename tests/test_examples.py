@@ -89,6 +89,58 @@ def test_consume_process_produce_stops_on_fatal_error(broker):
     assert len(outcome) == 1 and isinstance(outcome[0], FatalError), outcome
 
 
+def test_consume_process_produce_aborts_before_it_rewinds(mock_cluster, monkeypatch):
+    """The example aborts a failed transaction before it rewinds, and rewinds without an
+    offset fetch: the mock cluster answers OffsetFetch with UNSTABLE_OFFSET_COMMIT (what
+    Apache Kafka answers while the transaction's offsets are pending) from the failure
+    until the abort. Every record is then processed, the failed batch twice."""
+    from confluent_kafka import KafkaError, Producer
+
+    from kafka_txn.testing import ApiKey
+
+    for name in ("in", "out"):
+        mock_cluster.create_topic(name, partitions=1)
+    seed = Producer({"bootstrap.servers": mock_cluster.bootstrap_servers})
+    for i in range(5):
+        seed.produce("in", b"v%d" % i)
+    assert seed.flush(30) == 0
+    processed: list[bytes] = []
+    events: list[str] = []
+
+    def process(msg):
+        processed.append(msg.value())
+        if len(processed) == 1:  # the transaction has offsets pending from here on
+            mock_cluster.push_request_errors(
+                ApiKey.OFFSET_FETCH, *[KafkaError.UNSTABLE_OFFSET_COMMIT] * 100_000
+            )
+        return msg.value().upper()
+
+    make_producer = example.make_producer
+
+    def producer_that_reports_its_abort(args):
+        producer = make_producer(args)
+        abort = producer.abort_transaction
+
+        def abort_then_settle(*a, **kw):
+            abort(*a, **kw)
+            events.append("aborted")
+            mock_cluster.clear_request_errors(ApiKey.OFFSET_FETCH)
+
+        producer.abort_transaction = abort_then_settle
+        return producer
+
+    monkeypatch.setattr(example, "process", process)
+    monkeypatch.setattr(example, "make_producer", producer_that_reports_its_abort)
+    args = example.parse_args(
+        ["--bootstrap-servers", mock_cluster.bootstrap_servers, "--input-topic", "in",
+         "--output-topic", "out", "--group", "g", "--transactional-id", "ex-0",
+         "--idle-timeout", "10", "--fail-once-at", "2"]
+    )  # fmt: skip
+    assert example.run(args) == 5
+    assert events == ["aborted"]
+    assert processed == [b"v0", b"v0", b"v1", b"v2", b"v3", b"v4"]
+
+
 @pytest.mark.parametrize("argv", [[], ["--bootstrap-servers", "x"]])
 def test_example_requires_its_options(argv, capsys):
     with pytest.raises(SystemExit) as info:

@@ -66,6 +66,25 @@ def _task_ends(events: Path) -> list[dict[str, Any]]:
     return [e for e in lines if e["Event"] == "SparkListenerTaskEnd"]
 
 
+def assert_input_exactly_once(
+    broker: Any, topic: str, jdbc: str, table: str, values: list[str]
+) -> None:
+    """Kafka (kafka-python, read_committed) and the table (plain SQL) each hold the
+    input files' records exactly once, keys with their values."""
+    kafka = broker.read_committed(topic, expected=len(values))
+    assert sorted(v.decode() for _, v in kafka) == sorted(values)
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(f"SELECT key, value FROM {table}")).all()
+    finally:
+        engine.dispose()
+    assert sorted(value for _, value in rows) == sorted(values)
+    assert {(key, value) for key, value in rows} == {
+        (f"k{r}", f"f{f}-r{r}") for f in range(FILES) for r in range(ROWS)
+    }
+
+
 def test_sink_on_local_cluster_with_a_task_retried_on_the_other_executor(
     broker, postgres_jdbc, tmp_path
 ):
@@ -97,15 +116,4 @@ def test_sink_on_local_cluster_with_a_task_retried_on_the_other_executor(
     )  # fmt: skip
     assert retry["Task Info"]["Executor ID"] != failed["Task Info"]["Executor ID"]
 
-    kafka = broker.read_committed(topic, expected=len(values))
-    assert sorted(v.decode() for _, v in kafka) == sorted(values)
-    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(text(f"SELECT key, value FROM {table}")).all()
-    finally:
-        engine.dispose()
-    assert sorted(value for _, value in rows) == sorted(values)
-    assert {(key, value) for key, value in rows} == {
-        (f"k{r}", f"f{f}-r{r}") for f in range(FILES) for r in range(ROWS)
-    }
+    assert_input_exactly_once(broker, topic, postgres_jdbc, table, values)

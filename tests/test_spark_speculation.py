@@ -46,11 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
 
-from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from tests.spark_speculation_app import HOSTS, PARTITIONS
-from tests.test_spark_cluster import FILES, ROWS, _input_files, _run
+from tests.test_spark_cluster import _input_files, _run, assert_input_exactly_once
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.broker
@@ -113,15 +111,4 @@ def test_sink_with_speculation_and_a_task_killed_after_its_database_commit(
     succeeded = {a["Index"] for a in attempts if ends[a["Task ID"]]["Reason"] == "Success"}
     assert succeeded == set(range(PARTITIONS))
 
-    kafka = broker.read_committed(topic, expected=len(values))
-    assert sorted(v.decode() for _, v in kafka) == sorted(values)
-    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(text(f"SELECT key, value FROM {table}")).all()
-    finally:
-        engine.dispose()
-    assert sorted(value for _, value in rows) == sorted(values)
-    assert {(key, value) for key, value in rows} == {
-        (f"k{r}", f"f{f}-r{r}") for f in range(FILES) for r in range(ROWS)
-    }
+    assert_input_exactly_once(broker, topic, postgres_jdbc, table, values)

@@ -431,6 +431,39 @@ def test_commit_outcome_still_unknown_after_the_bound_stops_the_loop_unaborted(m
     assert processor.stats.transactions == 0
 
 
+def test_abort_that_does_not_complete_is_tried_again(mock_cluster):
+    """abort_transaction() ran out of time (EndTxn kept failing with a retriable error):
+    the loop aborts again rather than dying, and the batch then commits once."""
+    _mock_topics(mock_cluster, 3)
+    calls: list[str] = []
+
+    def process(record):
+        calls.append("process")
+        if len(calls) == 2:
+            processor.producer.flush()  # the output of v0 is in: EndTxn has work to do
+            raise ValueError("second record fails")
+        return [("dst", record.value())]
+
+    processor = _mock_processor(mock_cluster, process)
+    abort = processor.producer.abort_transaction
+
+    def abort_spy(*args, **kwargs):
+        calls.append("abort")
+        if calls.count("abort") == 1:
+            mock_cluster.push_request_errors(
+                ApiKey.END_TXN, *[KafkaError.COORDINATOR_LOAD_IN_PROGRESS] * 100_000
+            )
+        try:
+            return abort(*args, **kwargs)
+        finally:
+            mock_cluster.clear_request_errors(ApiKey.END_TXN)
+
+    processor.producer.abort_transaction = abort_spy
+    stats = processor.run(idle_timeout=30, max_batches=1)
+    assert calls == ["process"] * 2 + ["abort"] * 2 + ["process"] * 3
+    assert (stats.transactions, stats.records, stats.aborts) == (1, 3, 1)
+
+
 # ---------------------------------------------------------------- auto.offset.reset
 def test_rollback_with_latest_reset_rewinds_to_the_batch_not_to_old_history(broker):
     """With auto.offset.reset=latest and no committed offset yet, a rolled-back batch is

@@ -141,6 +141,60 @@ def test_consume_process_produce_aborts_before_it_rewinds(mock_cluster, monkeypa
     assert processed == [b"v0", b"v0", b"v1", b"v2", b"v3", b"v4"]
 
 
+def test_consume_process_produce_commits_again_when_the_outcome_is_unknown(
+    mock_cluster, monkeypatch
+):
+    """A commit that runs out of time with retriable errors (outcome unknown) is called
+    again, not aborted: the example commits its batch once and never aborts."""
+    from confluent_kafka import KafkaError, Producer
+
+    from kafka_txn.testing import ApiKey
+
+    for name in ("in", "out"):
+        mock_cluster.create_topic(name, partitions=1)
+    seed = Producer({"bootstrap.servers": mock_cluster.bootstrap_servers})
+    for i in range(3):
+        seed.produce("in", b"v%d" % i)
+    assert seed.flush(30) == 0
+    calls: list[str] = []
+
+    def producer_with_a_slow_first_commit(args):
+        # The example's producer, with a 2 s deadline instead of transaction.timeout.ms.
+        producer = TransactionalProducer(
+            {"bootstrap.servers": args.bootstrap_servers,
+             "transactional.id": args.transactional_id},
+            operation_timeout=2.0,
+        )  # fmt: skip
+        commit, abort = producer.commit_transaction, producer.abort_transaction
+
+        def commit_spy(*a, **kw):
+            calls.append("commit")
+            if calls.count("commit") == 1:
+                mock_cluster.push_request_errors(
+                    ApiKey.END_TXN, *[KafkaError.COORDINATOR_LOAD_IN_PROGRESS] * 100_000
+                )
+            try:
+                return commit(*a, **kw)
+            finally:
+                mock_cluster.clear_request_errors(ApiKey.END_TXN)
+
+        def abort_spy(*a, **kw):
+            calls.append("abort")
+            return abort(*a, **kw)
+
+        producer.commit_transaction, producer.abort_transaction = commit_spy, abort_spy
+        return producer
+
+    monkeypatch.setattr(example, "make_producer", producer_with_a_slow_first_commit)
+    args = example.parse_args(
+        ["--bootstrap-servers", mock_cluster.bootstrap_servers, "--input-topic", "in",
+         "--output-topic", "out", "--group", "g", "--transactional-id", "ex-0",
+         "--idle-timeout", "10"]
+    )  # fmt: skip
+    assert example.run(args) == 3
+    assert calls == ["commit", "commit"]
+
+
 @pytest.mark.parametrize("argv", [[], ["--bootstrap-servers", "x"]])
 def test_example_requires_its_options(argv, capsys):
     with pytest.raises(SystemExit) as info:

@@ -506,7 +506,8 @@ class TransactionalProducer:
         """Release the producer. An open transaction is aborted (best effort: if that
         fails, the broker aborts it at ``transaction.timeout.ms`` or when the
         transactional.id is next initialised), except a prepared or in-doubt one, which
-        is left open for its decider or recovery. Safe to call more than once."""
+        is left open for its decider or recovery, and one whose commit's outcome is
+        unknown, which is never aborted blindly. Safe to call more than once."""
         with self._lock:
             state = self._life.state
             if state is State.CLOSED:
@@ -518,7 +519,12 @@ class TransactionalProducer:
                     done = "close() aborted the open transaction and closed the producer"
                 except KafkaTxnError as exc:
                     log.warning("close(): abort of the open transaction failed: %s", exc)
-            keep_open = self._twophase is not None and self._twophase.prepared is not None
+            # A commit whose outcome is unknown (COMMITTING) may already be decided by the
+            # coordinator: confluent-kafka's close() would try to abort it (librdkafka
+            # refuses: "Conflicting commit_transaction API call is already in progress").
+            keep_open = state is State.COMMITTING or (
+                self._twophase is not None and self._twophase.prepared is not None
+            )
             self._life.transition_to(State.CLOSED)
             if self._twophase is not None:
                 self._twophase.close()

@@ -364,15 +364,24 @@ class ExactlyOnceProcessor:
         return False
 
     def _blame_rejections(self, failure: _TransactionFailedError, chunk: list[Message]) -> None:
-        """Count every output Kafka refused as bad against the input that produced it,
+        """Count an output Kafka refused as bad against the input that produced it,
         whichever call noticed the failure first; then the chunk goes one record per
-        transaction. A rejection no report names (a recoverer's output, say) is the
-        record's only in a one-record transaction."""
+        transaction. A rejection no report names (a recoverer's output, say), or one
+        that names several inputs (a whole record batch refused), is a record's only in
+        a one-record transaction."""
         if not self._rejected and _failure_type(failure.error) is FailureType.MESSAGE_REJECTED:
             if len(chunk) == 1:
                 self._rejected[_position(chunk[0])] = (chunk[0], failure.error)
             else:
                 failure.rejected = True
+        if len(self._rejected) > 1 and len(chunk) > 1:
+            # Outputs of several inputs refused together: librdkafka fails every record
+            # of a record batch the broker refuses (MSG_SIZE_TOO_LARGE over the topic's
+            # max.message.bytes, say) and, unlike Java's producer, does not split it. No
+            # one input is to blame yet: one record per transaction tells them apart.
+            failure.rejected = True
+            self._rejected.clear()
+            return
         for record, error in self._rejected.values():
             self._count(record, error)
             failure.rejected = True
@@ -432,7 +441,12 @@ class ExactlyOnceProcessor:
         key = _position(record)
         attempts = self._attempts.counts.get(key, 0)
         if attempts >= self.max_attempts and self.recoverer is not None:
-            self.recoverer(record, self._attempts.errors[key], self.producer)
+            try:
+                self.recoverer(record, self._attempts.errors[key], self.producer)
+            except KafkaTxnError:
+                raise  # judged like any other call of the transaction
+            except Exception as exc:  # a failed recovery: abort and try it again
+                raise _TransactionFailedError(exc, record) from exc
             recovered.append(key)
             return
         try:
@@ -442,8 +456,8 @@ class ExactlyOnceProcessor:
             raise _TransactionFailedError(exc, record) from exc
         on_delivery = self._watch(record) if outputs else None
         for out in outputs:
-            o = out if isinstance(out, OutputRecord) else OutputRecord(*out)
             try:
+                o = out if isinstance(out, OutputRecord) else OutputRecord(*out)
                 self.producer.produce(
                     o.topic, o.value, o.key, o.partition, on_delivery, headers=o.headers
                 )
@@ -451,6 +465,11 @@ class ExactlyOnceProcessor:
                 if exc.failure_type is FailureType.MESSAGE_REJECTED:
                     self._rejected.setdefault(key, (record, exc))
                 raise
+            except KafkaTxnError:
+                raise
+            except Exception as exc:  # an output process() got wrong (type, shape): its
+                self._count(record, exc)  # record's failure, as if process() had raised
+                raise _TransactionFailedError(exc, record) from exc
             self.stats.outputs += 1
 
     def _committed(self, chunk: list[Message], recovered: list[tuple[str, int, int]]) -> None:

@@ -250,8 +250,8 @@ def test_rejected_output_is_retried_alone_then_dead_lettered(broker, where):
     message.max.bytes, refused by produce() itself, or larger than the topic's
     max.message.bytes, refused by the broker at delivery) counts against that input: its
     batch goes again one record per transaction, the other records commit, the bad one
-    is tried max_attempts times with backoff and then goes to the dead-letter topic, and
-    the partition flows on."""
+    is tried max_attempts times with backoff (alone, when the broker refused its whole
+    record batch) and then goes to the dead-letter topic, and the partition flows on."""
     source, dlq = broker.create_topic(2), broker.create_topic(1)
     if where == "at_produce":  # over the producer's message.max.bytes (1 MB)
         sink, huge = broker.create_topic(2), b"x" * 2_000_000
@@ -277,8 +277,10 @@ def test_rejected_output_is_retried_alone_then_dead_lettered(broker, where):
                            dead_letter_topic=dlq, sleep=pauses.append)  # fmt: skip
     stats = _run_in_thread(processor, idle_timeout=3)["out"]
     assert not isinstance(stats, BaseException), stats
-    # Tried max_attempts times (the first in its batch), then recovered.
-    assert calls[b"huge"] == 2
+    # Tried max_attempts times, then recovered. Refused by produce(), the first try in
+    # its batch counts; refused by the broker, its whole record batch failed with it, so
+    # that try blames no input and it is tried max_attempts more times alone.
+    assert calls[b"huge"] == (2 if where == "at_produce" else 3)
     assert stats.recovered == 1
     assert len(pauses) >= 1  # a pause before each retry, never a tight loop
     out = Counter(v for _, v in broker.read_committed(sink, expected=29))
@@ -507,3 +509,74 @@ def test_rollback_with_latest_reset_rewinds_to_the_batch_not_to_old_history(brok
     first = probes.index(seen[0])
     expected = [p.upper() for p in probes[first:]]
     assert [v for _, v in broker.read_committed(sink, expected=len(expected))] == expected
+
+
+@pytest.mark.parametrize(
+    "bad_output",
+    [lambda sink: [OutputRecord(sink, 12345)], lambda sink: [(sink,)]],
+    ids=["value_of_wrong_type", "malformed_tuple"],
+)
+def test_an_output_process_got_wrong_is_that_records_failure(broker, bad_output):
+    """process() returns an output confluent-kafka cannot take (an int value) or a tuple
+    that is no OutputRecord: that record fails like one whose process() raises (retried,
+    then dead-lettered), and the rest of the partition flows. Found by a red-team
+    review: run() used to die with TypeError, and a restart died on the same record."""
+    source, sink, dlq = (broker.create_topic(1) for _ in range(3))
+    _seed(broker, source, [b"a", b"bad", b"c"])
+
+    def process(record):
+        if record.value() == b"bad":
+            return bad_output(sink)
+        return [OutputRecord(sink, record.value().upper())]
+
+    processor = _processor(broker, source, sink, f"g-{uuid.uuid4().hex[:8]}", process,
+                           max_attempts=2, dead_letter_topic=dlq)  # fmt: skip
+    stats = processor.run(idle_timeout=3)
+    assert stats.recovered == 1
+    assert sorted(v for _, v in broker.read_committed(sink, expected=2)) == [b"A", b"C"]
+    assert [v for _, v in broker.read_committed(dlq, expected=1)] == [b"bad"]
+
+
+def test_a_recoverer_that_raises_is_tried_again(broker):
+    """A custom recoverer raising a non-Kafka exception (its database is away, say) aborts
+    the transaction and is tried again; run() goes on. Found by a red-team review."""
+    source, sink = (broker.create_topic(1) for _ in range(2))
+    _seed(broker, source, [b"bad", b"ok"])
+    calls: list[bytes] = []
+
+    def process(record):
+        if record.value() == b"bad":
+            raise ValueError("cannot parse")
+        return [OutputRecord(sink, record.value())]
+
+    def recoverer(record, error, producer):
+        calls.append(record.value())
+        if len(calls) == 1:
+            raise OSError("the side store is away")
+
+    processor = _processor(broker, source, sink, f"g-{uuid.uuid4().hex[:8]}", process,
+                           max_attempts=1, recoverer=recoverer)  # fmt: skip
+    stats = processor.run(idle_timeout=3)
+    assert calls == [b"bad", b"bad"] and stats.recovered == 1
+    assert [v for _, v in broker.read_committed(sink, expected=1)] == [b"ok"]
+
+
+def test_a_record_batch_refused_as_a_whole_blames_no_single_input(broker):
+    """Three inputs whose outputs each fit the topic's max.message.bytes, but not
+    together: librdkafka puts them in one record batch, the broker refuses it, and every
+    output fails. No input is dead-lettered for that; one record per transaction, all
+    three commit. Found by a red-team review (all three went to the dead-letter topic)."""
+    source, dlq = broker.create_topic(1), broker.create_topic(1)
+    sink = _topic_with_limit(broker, 1500)
+    _seed(broker, source, [b"a", b"b", b"c"])
+
+    def process(record):
+        return [OutputRecord(sink, record.value() * 650)]
+
+    processor = _processor(broker, source, sink, f"g-{uuid.uuid4().hex[:8]}", process,
+                           max_attempts=1, dead_letter_topic=dlq)  # fmt: skip
+    stats = processor.run(idle_timeout=5)
+    assert stats.recovered == 0
+    out = sorted(v[:1] for _, v in broker.read_committed(sink, expected=3))
+    assert out == [b"a", b"b", b"c"]
+    assert broker.read_committed(dlq, expected=0) == []

@@ -8,9 +8,11 @@ If no broker can be had, this raises: CI fails rather than skipping broker tests
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -168,3 +170,15 @@ def start_broker() -> Broker:
     if _docker_answers():
         return start_testcontainers()
     return start_noida()
+
+
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until the kernel has stopped it: the signal is delivered
+    asynchronously, and a request sent right after os.kill() could otherwise still be
+    answered (Linux: state ``T`` in /proc/<pid>/stat)."""
+    os.kill(pid, signal.SIGSTOP)
+    stat = Path(f"/proc/{pid}/stat")
+    for _ in range(500):  # at most ~5 s; a stop takes microseconds
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+            return
+        time.sleep(0.01)

@@ -42,7 +42,7 @@ from kafka_txn.dualwrite import STEPS, DualWriter, validate_identifier
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.testing import ApiKey, FaultProxy, LocalBroker
 from tests.dualwrite_app import events_table
-from tests.rig import Broker
+from tests.rig import Broker, freeze
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.broker
@@ -310,7 +310,7 @@ def test_kafka_commit_failing_after_the_database_commit_is_recovered(jdbc_url):
 
         def freeze_broker(step: str) -> None:
             if step == "after_db_commit":
-                os.kill(local._proc.pid, signal.SIGSTOP)
+                freeze(local._proc.pid)
 
         writer = DualWriter(conf, jdbc_url, on_step=freeze_broker, operation_timeout=1.5)
         events.create(writer.engine, checkfirst=True)

@@ -27,7 +27,7 @@ from kafka_txn import (
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import TransactionDescription
 from kafka_txn.testing import ApiKey, LocalBroker
-from tests.rig import Broker
+from tests.rig import Broker, freeze
 
 TWO_PC = {"transaction.two.phase.commit.enable": True}
 
@@ -250,7 +250,7 @@ def test_end_txn_error_after_prepare_is_in_doubt_and_never_aborted(mock_cluster,
 
 
 def _pause(broker: LocalBroker) -> None:
-    os.kill(broker._proc.pid, signal.SIGSTOP)
+    freeze(broker._proc.pid)
 
 
 def _resume(broker: LocalBroker) -> None:

@@ -4,6 +4,7 @@ honoured or refused by name; none is silently ignored."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any, Final
 
 from sqlalchemy import Engine
 
+from .dualwrite import validate_seconds
 from .errors import ConfigurationError
 
 StepHook = Callable[[str, int, int, int], None]
@@ -206,18 +208,12 @@ def _integer(value: Any, what: str) -> int:
 
 
 def _seconds(value: Any) -> float | None:
-    if value is None or (isinstance(value, str) and value.lower() == "none"):
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if isinstance(value, bool) or not seconds > 0 or seconds == float("inf"):
-        raise ConfigurationError(
-            f"lock_timeout (lockTimeout) must be a positive number of seconds or none, "
-            f"not {value!r}"
-        )
-    return seconds
+    """Seconds from a keyword or a Spark option string (``"none"``: unbounded)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        with contextlib.suppress(ValueError):  # not a number: refused below, by its text
+            value = None if text == "none" else float(text)
+    return validate_seconds(value, "lock_timeout (lockTimeout)")
 
 
 def _flag(value: Any, what: str) -> bool:

@@ -166,7 +166,8 @@ def engine_for(database: str | URL | Engine, user: str | None, password: str | N
         ) from exc
 
 
-def _seconds(value: float | None, name: str) -> float | None:
+def validate_seconds(value: float | None, name: str) -> float | None:
+    """A positive, finite number of seconds, or None; anything else is refused."""
     if value is None:
         return None
     if (
@@ -638,8 +639,8 @@ class DualWriter:
             else dict(producer_config)
         )
         conf[TWO_PHASE_COMMIT_KEY] = True
-        lock_timeout = _seconds(lock_timeout, "lock_timeout")
-        delay = _seconds(mark_completed_after, "mark_completed_after")
+        lock_timeout = validate_seconds(lock_timeout, "lock_timeout")
+        delay = validate_seconds(mark_completed_after, "mark_completed_after")
         self.engine = engine_for(database, user, password)
         dialect = self.engine.dialect.name
         if dialect not in ("postgresql", "mysql", "mariadb", "sqlite"):

@@ -27,7 +27,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, 
 
 from .dualwrite import STEPS, DualWriter
 from .jdbc import jdbc_to_sqlalchemy
-from .testing import LocalBroker
+from ._local_broker import LocalBroker
 
 ROWS_PER_BATCH = 5
 _EVENTS = Table("demo_events", MetaData(), Column("batch", Integer), Column("value", String(64)))

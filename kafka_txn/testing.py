@@ -19,21 +19,15 @@ import collections
 import contextlib
 import ctypes
 import enum
-import shutil
 import socket
 import struct
-import subprocess
-import tempfile
 import threading
-import time
 from collections.abc import Callable
-from importlib import metadata, resources
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka.admin import AdminClient
 
 from .coordinator import codec
 from .coordinator.messages import (
@@ -43,7 +37,7 @@ from .coordinator.messages import (
     INIT_PRODUCER_ID,
 )
 
-__all__ = ["ApiKey", "FaultProxy", "LocalBroker", "MockCluster", "librdkafka_path"]
+__all__ = ["ApiKey", "FaultProxy", "MockCluster", "librdkafka_path"]
 
 
 class ApiKey(enum.IntEnum):
@@ -403,76 +397,3 @@ def _error_response(
         body["error_code"] = code
     header = struct.pack(">i", correlation) + (b"\x00" if flexible else b"")
     return header + codec.encode(api.responses[version], body, flexible)
-
-
-class LocalBroker:
-    """The noida-db broker from PyPI (``pip install 'kafka-txn[test]'``), Kafka service
-    only, on 127.0.0.1 and a free port, in a temporary data folder. Its binary is started
-    directly, not through its Python wrapper, so that the PID we hold is the server's."""
-
-    START_TIMEOUT_S = 60.0
-
-    def __init__(self) -> None:
-        try:
-            version = metadata.version("noida-db")
-            binary = Path(str(resources.files("noida_db").joinpath("noida-db")))
-        except (metadata.PackageNotFoundError, ModuleNotFoundError):
-            raise RuntimeError(
-                "no local broker: pip install 'kafka-txn[test]' (noida-db), or name a "
-                "broker with --bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS"
-            ) from None
-        binary.chmod(0o755)
-        self._data = Path(tempfile.mkdtemp(prefix="kafka-txn-broker-"))
-        port = _free_port()
-        self.bootstrap_servers = f"127.0.0.1:{port}"
-        self.description = f"local noida-db {version}"
-        log_path = self._data / "broker.log"
-        with log_path.open("wb") as log_file:
-            self._proc = subprocess.Popen(
-                [str(binary), "start", "--data-dir", str(self._data / "data"),
-                 "--host", "127.0.0.1", "--only", "kafka", "--kafka-port", str(port)],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        self.description += f" (pid {self._proc.pid})"
-        try:
-            self._wait_ready(log_path)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self, log_path: Path) -> None:
-        deadline = time.monotonic() + self.START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                output = log_path.read_text(errors="replace")
-                raise RuntimeError(f"the broker exited with {self._proc.returncode}:\n{output}")
-            try:
-                AdminClient({"bootstrap.servers": self.bootstrap_servers}).list_topics(timeout=2)
-                return
-            except confluent_kafka.KafkaException:
-                time.sleep(0.2)
-        raise RuntimeError(f"broker at {self.bootstrap_servers} not ready in time")
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL) and delete its data; idempotent."""
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
-        shutil.rmtree(self._data, ignore_errors=True)
-
-    def __enter__(self) -> LocalBroker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_txn.testing import LocalBroker
+from kafka_txn._local_broker import LocalBroker
 
 START_TIMEOUT_S = 60.0
 
@@ -129,7 +129,7 @@ def _wait_ready(bootstrap: str) -> None:
 
 
 def start_noida() -> Broker:
-    """The local noida-db (kafka_txn.testing.LocalBroker), started for this session."""
+    """The local noida-db (kafka_txn._local_broker.LocalBroker), started for this session."""
     local = LocalBroker()
     return Broker(local.bootstrap_servers, local.description, local.stop)
 

@@ -36,11 +36,12 @@ from kafka_txn import (
     TransactionOutcomeUnknownError,
 )
 from kafka_txn import dualwrite as dualwrite_module
+from kafka_txn._local_broker import LocalBroker
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import TransactionDescription
 from kafka_txn.dualwrite import STEPS, DualWriter, validate_identifier
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
-from kafka_txn.testing import ApiKey, FaultProxy, LocalBroker
+from kafka_txn.testing import ApiKey, FaultProxy
 from tests.dualwrite_app import events_table
 from tests.rig import Broker, freeze
 

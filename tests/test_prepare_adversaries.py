@@ -24,9 +24,10 @@ from kafka_txn import (
     TransactionOutcome,
     UnsupportedBrokerError,
 )
+from kafka_txn._local_broker import LocalBroker
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import TransactionDescription
-from kafka_txn.testing import ApiKey, LocalBroker
+from kafka_txn.testing import ApiKey
 from tests.rig import Broker, freeze
 
 TWO_PC = {"transaction.two.phase.commit.enable": True}

@@ -1,5 +1,11 @@
 """Fixtures: the session's broker (see tests/rig.py), a fresh topic per test, and a
-librdkafka mock cluster per test for fault injection."""
+librdkafka mock cluster per test for fault injection.
+
+The broker starts when the first test that needs it asks for the ``broker`` fixture, and
+stops at the end of the session: tests that need no broker (tests/test_state.py, say) run
+anywhere. The header says how the broker will be chosen; the line printed when it starts,
+and the terminal summary, name the broker that ran and what it reports about itself.
+"""
 
 from __future__ import annotations
 
@@ -17,30 +23,46 @@ from tests.rig import Broker, start_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_SESSION: dict[str, Broker] = {}
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if config.option.collectonly:
-        return
-    _SESSION["broker"] = start_broker()  # raises, failing the run, when none can be had
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    broker = _SESSION.pop("broker", None)
-    if broker is not None:
-        broker.stop()
+# The session's broker once a test has needed it (read by the terminal summary).
+_STARTED: list[Broker] = []
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    broker = _SESSION.get("broker")
-    return f"kafka broker: {broker.description if broker else 'none (collection only)'}"
+    chosen = (
+        "KAFKA_BOOTSTRAP_SERVERS"
+        if os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        else "testcontainers' Kafka if Docker answers, else the local noida-db"
+    )
+    return f"kafka broker: not started yet ({chosen}, when the first test needs it)"
+
+
+def _announce(config: pytest.Config, line: str) -> None:
+    """Print ``line`` now, past pytest's output capture (it runs inside a fixture)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
-def broker() -> Broker:
-    assert "broker" in _SESSION, "the broker starts in pytest_configure"
-    return _SESSION["broker"]
+def broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
+    """The session's broker, started on first use and stopped at the end of the session.
+    If none can be had, this raises, and pytest reports the same error for every test that
+    needs it (a session fixture's failure is cached): CI fails rather than skipping."""
+    started = start_broker()
+    _STARTED.append(started)
+    _announce(pytestconfig, f"kafka broker: {started.description}")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    described = _STARTED[0].description if _STARTED else "not started (no test needed one)"
+    terminalreporter.write_line(f"kafka broker: {described}")
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
-"""The test rig's broker: a real cluster named by KAFKA_BOOTSTRAP_SERVERS, else
-testcontainers' Kafka when a Docker engine answers, else the local noida-db from PyPI
-(pinned in pyproject.toml), started on a free loopback port and stopped at the end.
+"""The test rig's broker: the one named by KAFKA_BOOTSTRAP_SERVERS, else testcontainers'
+Kafka when a Docker engine answers, else the local noida-db from PyPI (pinned in
+pyproject.toml), started on a free loopback port and stopped at the end.
+
+Its description says what the broker reports about itself (cluster id, broker count, the
+ApiVersions ranges of the APIs kafka-txn relies on), not what we assume it is.
 
 If no broker can be had, this raises: CI fails rather than skipping broker tests.
 """
@@ -115,6 +118,55 @@ class Broker:
             seen.extend((r.key, r.value) for r in records)
 
 
+# The Kafka APIs kafka-txn relies on (key, name), named with their version ranges in the
+# broker's description: the transactional producer's (KIP-98), DescribeTransactions (KIP-664,
+# recovery and `kafka-txn describe`), and the Produce and Fetch of the records themselves.
+_RELIED_ON = (
+    (0, "Produce"),
+    (1, "Fetch"),
+    (22, "InitProducerId"),
+    (24, "AddPartitionsToTxn"),
+    (25, "AddOffsetsToTxn"),
+    (26, "EndTxn"),
+    (28, "TxnOffsetCommit"),
+    (65, "DescribeTransactions"),
+)
+
+
+def _api_versions(bootstrap: str) -> str:
+    """The ApiVersions ranges the first bootstrap broker announces for the APIs we rely on,
+    read with kafka-txn's own coordinator connection (read-only use), e.g.
+    ``EndTxn v0-3``; an API the broker does not announce reads ``EndTxn absent``."""
+    from kafka_txn.coordinator.connection import BrokerConnection, ConnectionSettings
+
+    host, _, port = bootstrap.split(",", maxsplit=1)[0].strip().rpartition(":")
+    address = (host.strip("[]"), int(port))
+    try:
+        connection = BrokerConnection(ConnectionSettings(bootstrap=(address,)), *address)
+    except Exception as exc:  # a description must not fail the run; say what happened
+        return f"unavailable ({exc})"
+    try:
+        versions = connection.versions
+    finally:
+        connection.close()
+    ranges = []
+    for key, name in _RELIED_ON:
+        low_high = versions.get(key)
+        ranges.append(f"{name} v{low_high[0]}-{low_high[1]}" if low_high else f"{name} absent")
+    return ", ".join(ranges)
+
+
+def describe_cluster(bootstrap: str) -> str:
+    """What the cluster at ``bootstrap`` reports about itself: its cluster id and broker
+    count (Metadata, through confluent-kafka) and its ApiVersions ranges."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    count = len(metadata.brokers)
+    return (
+        f"cluster id {metadata.cluster_id}, {count} broker{'' if count == 1 else 's'}; "
+        f"ApiVersions {_api_versions(bootstrap)}"
+    )
+
+
 def _wait_ready(bootstrap: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     last: Exception | None = None
@@ -162,14 +214,23 @@ def start_testcontainers() -> Broker:
 
 
 def start_broker() -> Broker:
-    """The broker the whole test session uses, chosen in the documented order."""
+    """The broker the whole test session uses, chosen in the documented order, described
+    by where it came from and what it reports about itself."""
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if external:
         _wait_ready(external)
-        return Broker(external, f"KAFKA_BOOTSTRAP_SERVERS={external} (real cluster)")
-    if _docker_answers():
-        return start_testcontainers()
-    return start_noida()
+        broker = Broker(external, "KAFKA_BOOTSTRAP_SERVERS")
+    elif _docker_answers():
+        broker = start_testcontainers()
+    else:
+        broker = start_noida()
+    try:
+        broker.description += f" at {broker.bootstrap_servers}: "
+        broker.description += describe_cluster(broker.bootstrap_servers)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
 
 
 def freeze(pid: int) -> None:

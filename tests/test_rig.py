@@ -1,0 +1,78 @@
+"""The test rig itself (tests/conftest.py, tests/rig.py): the broker starts only when a
+test needs it, so tests that need none run on a machine without one; and the run names
+the broker that ran by what the broker reports about itself."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+from kafka.admin import KafkaAdminClient
+
+from tests.rig import _RELIED_ON, Broker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pytest(*args: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_tests_that_need_no_broker_start_none() -> None:
+    # KAFKA_BOOTSTRAP_SERVERS names a loopback port that refuses connections (bound, never
+    # listening) and comes first in the rig's order: had anything tried to start the
+    # broker, it would have waited for it and failed the run.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        result = _pytest("tests/test_state.py", bootstrap=f"127.0.0.1:{closed.getsockname()[1]}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " passed" in result.stdout
+    assert "kafka broker: not started (no test needed one)" in result.stdout
+
+
+def test_broker_description_is_what_the_broker_reports(broker: Broker) -> None:
+    metadata = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
+    count = len(metadata.brokers)
+    assert f"cluster id {metadata.cluster_id}, {count} broker" in broker.description
+    assert "real cluster" not in broker.description
+    # ApiVersions as an independent client (kafka-python, not our connection code) reads it.
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    try:
+        versions = {int(key): value for key, value in admin.api_versions().items()}
+    finally:
+        admin.close()
+    for key, name in _RELIED_ON:
+        low, high = versions[key]
+        assert f"{name} v{low}-{high}" in broker.description
+
+
+def test_the_run_names_the_broker_that_ran(broker: Broker) -> None:
+    # A nested run of one broker test, pointed at this session's broker: the line printed
+    # when its broker started and the summary both describe it.
+    result = _pytest(
+        f"{Path(__file__).relative_to(ROOT)}::test_broker_description_is_what_the_broker_reports",
+        bootstrap=broker.bootstrap_servers,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    cluster_id = broker.description.split("cluster id ", 1)[1].split(",", 1)[0]
+    expected = (
+        f"kafka broker: KAFKA_BOOTSTRAP_SERVERS at {broker.bootstrap_servers}: "
+        f"cluster id {cluster_id}, "
+    )
+    assert result.stdout.count(expected) == 2, result.stdout
+    assert "not started yet (KAFKA_BOOTSTRAP_SERVERS, when the first test needs it)" in (
+        result.stdout
+    )

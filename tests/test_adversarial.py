@@ -400,6 +400,7 @@ def adversary(
         adversary.kill_all()
 
 
+@pytest.mark.timeout(300 + 3 * SECONDS)  # the adversary's run, then the checks and cleanup
 def test_dual_writers_under_an_adversary_never_diverge(
     broker: Broker, proxy: FaultProxy, database: Database, adversary: Adversary
 ) -> None:

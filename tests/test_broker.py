@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import uuid
 
 import pytest
@@ -103,10 +104,12 @@ def test_offsets_commit_only_with_the_transaction(broker, producer_config):
         try:
             consumer.assign([TopicPartition(source, 0)])
             got = []
-            while len(got) < 2:
+            deadline = time.monotonic() + 30
+            while len(got) < 2 and time.monotonic() < deadline:
                 msg = consumer.poll(1.0)
                 if msg is not None and msg.error() is None:
                     got.append(msg)
+            assert len(got) == 2, f"only {len(got)} of the 4 committed records read in 30 s"
             offsets = [TopicPartition(source, 0, got[-1].offset() + 1)]
 
             p.begin_transaction()

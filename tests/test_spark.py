@@ -86,6 +86,7 @@ def _input_files(folder: Path, files: int, rows: int) -> list[str]:
     return values
 
 
+@pytest.mark.timeout(600)  # a streaming query bounded by 300 s, then the checks
 @pytest.mark.parametrize("hook", [spark_hooks.FailFirstAttempt, spark_hooks.FailInBatchOne])
 def test_task_retries_are_exactly_once(spark, broker, postgres_jdbc, tmp_path, fault_dir, hook):
     values = _input_files(tmp_path / "in", files=3, rows=40)
@@ -108,6 +109,7 @@ def test_task_retries_are_exactly_once(spark, broker, postgres_jdbc, tmp_path, f
     _assert_exactly_once(broker, topic, postgres_jdbc, table, values)
 
 
+@pytest.mark.timeout(900)  # two runs of the query, each bounded by 300 s
 def test_query_killed_mid_batch_and_restarted_from_checkpoint(
     broker, postgres_jdbc, tmp_path, fault_dir
 ):

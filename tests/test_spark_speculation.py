@@ -59,6 +59,7 @@ def _events(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line]
 
 
+@pytest.mark.timeout(900)  # a standalone cluster's start, then a run bounded by 300 s
 def test_sink_with_speculation_and_a_task_killed_after_its_database_commit(
     broker, postgres_jdbc, tmp_path
 ):

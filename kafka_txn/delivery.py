@@ -31,6 +31,7 @@ DeliveryCallback = Callable[[ProduceFailedException | None, Message], None]
 """``callback(error, message)``: error is None when the record was delivered."""
 
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+_INNOCENT = KafkaError._INVALID_DIFFERENT_RECORD
 
 
 class Deliveries:
@@ -144,8 +145,15 @@ class Deliveries:
         self.failed_records += 1
         if self._metrics is not None:
             self._metrics.record_failed(failure.failure_type)
-        # A purged record is a consequence of the transaction failing, never its cause.
-        if self.first_failure is None and failure.kafka_error.code() not in _PURGED:
+        # A purged record is a consequence of the transaction failing, never its cause;
+        # nor is an innocent record of a batch the broker refused for another (KIP-467:
+        # librdkafka reports the batch in order, so an innocent may come before the
+        # culprit), which yields to the culprit.
+        code = failure.kafka_error.code()
+        first = self.first_failure
+        if code not in _PURGED and (
+            first is None or (first.kafka_error.code() == _INNOCENT and code != _INNOCENT)
+        ):
             self.first_failure = failure
         if failure.category is ErrorCategory.FATAL:
             fatal = exception_for(failure.kafka_error, "produce")

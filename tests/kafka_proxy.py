@@ -485,15 +485,18 @@ class KafkaProxy:
 
     def _match(self, request: Request, *, before: bool) -> list[Rule]:
         """The rules that apply to ``request`` (the Before ones, or the others), their
-        hits counted and those used up removed."""
+        hits counted and those used up removed. Only the first matching Fail rule applies
+        (and counts): several ``fail(..., times=1)`` answer successive requests in turn."""
         with self._lock:
             rules = [
                 r for r in self._rules
                 if r.api_key == request.api_key and isinstance(r.action, Before) == before
             ]  # fmt: skip
-        matched = []
+        matched: list[Rule] = []
         for rule in rules:
             if rule.versions is not None and request.version not in rule.versions:
+                continue
+            if isinstance(rule.action, Fail) and any(isinstance(m.action, Fail) for m in matched):
                 continue
             try:
                 if rule.when is not None and not rule.when(request):

@@ -588,3 +588,19 @@ def test_concurrent_transactions_on_add_partitions_while_the_last_commit_complet
             producer.produce(topic, b"second", partition=0)
     assert busy.hits == 2
     assert _values(broker.read_committed(topic, expected=2)) == [b"first", b"second"]
+
+
+def test_fail_rules_answer_successive_requests_in_turn(
+    broker: Broker, topic: str, producer_config: dict[str, Any], proxy: KafkaProxy
+) -> None:
+    """Two one-shot Fail rules for one API answer two successive requests, first the
+    first (only the Fail rule that applies is used up): as FaultProxy.push_errors did."""
+    first = proxy.fail(ApiKey.END_TXN, KafkaError.CONCURRENT_TRANSACTIONS, times=1)
+    second = proxy.fail(ApiKey.END_TXN, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, times=1)
+    with TransactionalProducer(_via(producer_config, proxy)) as producer:
+        producer.init_transactions()
+        with producer.transaction():
+            producer.produce(topic, b"once")
+    assert (first.hits, second.hits) == (1, 1)
+    assert first.requests[0] is not second.requests[0]
+    assert broker.read_committed(topic, expected=1) == [(None, b"once")]

@@ -1,23 +1,191 @@
-"""The kafka-txn console script against the broker and a database, bad arguments too."""
+"""The kafka-txn console script as an on-call operator meets it: against the real broker,
+PostgreSQL, MariaDB and SQLite, an unreachable broker, a live writer, a terminal (a
+pseudo-terminal) and bad arguments. In-process through ``main()`` where stdin/stderr
+need no terminal, else as a subprocess of the installed console script."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import select
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, insert, inspect, text
 
-from kafka_txn import TransactionalProducer
-from kafka_txn.cli import main
+from kafka_txn import ProducerFencedError, TransactionalProducer
+from kafka_txn.cli import _parser, main
+from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
+from kafka_txn.dualwrite import DualWriter
+from kafka_txn.jdbc import jdbc_to_sqlalchemy
+from tests.dualwrite_app import events_table
 from tests.test_dualwrite import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.broker
+EXE = shutil.which("kafka-txn") or str(Path(sys.executable).parent / "kafka-txn")
+STATE = "kafka_transaction_state"
+
+
+# ---------------------------------------------------------------------- helpers
+def _run(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The console script in a subprocess, stdin not a terminal."""
+    return subprocess.run(
+        [EXE, *argv], capture_output=True, text=True, timeout=timeout, check=False,
+        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )  # fmt: skip
+
+
+def _call(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """main() in-process (stdin is pytest's, not a terminal): code, stdout, stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# A child process started by _in_terminal opens its terminal by name as a session leader
+# without a controlling terminal, which makes it its controlling terminal (Linux); getpass
+# reads /dev/tty, and isatty() holds for stdin, stdout and stderr.
+_TAKE_TTY = (
+    "import os, sys; os.close(os.open(os.ttyname(0), os.O_RDWR)); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def _in_terminal(
+    argv: list[str], replies: dict[str, str] | None = None, timeout: float = 120
+) -> tuple[int, str]:
+    """The console script on a pseudo-terminal: whenever the output shows a key of
+    ``replies`` (once each), type its value. Returns the exit code and all output."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TAKE_TTY, EXE, *argv],
+        stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    os.close(slave)
+    pending = dict(replies or {})
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+                for prompt in list(pending):
+                    if prompt.encode() in output:
+                        os.write(master, pending.pop(prompt).encode() + b"\n")
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return code, output.decode(errors="replace")
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _silent_server() -> Iterator[int]:
+    """A loopback port that accepts TCP connections (the kernel's backlog does) and never
+    answers: a broker that hangs."""
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def _http_server() -> Iterator[int]:
+    """A loopback port that answers like an HTTP server refusing a malformed request: a
+    Kafka request gets "400 Bad Request" at once (http.server instead waits for a line
+    end that a Kafka request need not contain)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            with client, contextlib.suppress(OSError):
+                client.recv(4096)
+                client.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n"
+                               b"Connection: close\r\n\r\n")  # fmt: skip
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        server.close()
+        thread.join(10)
+
+
+def _coordinator_knows(broker, txn_id: str) -> bool:
+    settings = ConnectionSettings.from_librdkafka({"bootstrap.servers": broker.bootstrap_servers})
+    with CoordinatorClient(settings, txn_id, deadline_s=30) as client:
+        return client.describe().found
+
+
+def _state_rows(jdbc_url: str, table: str = STATE) -> dict[str, tuple[str, str | None]]:
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(f"SELECT transactional_id, prepared_txn_state, owner FROM {table}")
+            )
+            return {r[0]: (r[1], r[2]) for r in rows}
+    finally:
+        engine.dispose()
+
+
+def _started_writer(broker, jdbc_url: str, txn_id: str) -> None:
+    """A DualWriter that started (state table and row exist, the id is registered) and
+    closed."""
+    writer = DualWriter(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}, jdbc_url
+    )
+    writer.start()
+    writer.close()
 
 
 def _open_transaction(broker, topic: str, txn_id: str) -> TransactionalProducer:
@@ -30,85 +198,533 @@ def _open_transaction(broker, topic: str, txn_id: str) -> TransactionalProducer:
     return p
 
 
+# ---------------------------------------------------------------------- describe
+@pytest.mark.broker
 def test_describe_shows_an_open_transaction(broker, capsys, txn_id):
     topic = broker.create_topic(partitions=2)
     p = _open_transaction(broker, topic, txn_id)
-    assert main(["describe", "--bootstrap-servers", broker.bootstrap_servers,
-                 "--transactional-id", txn_id]) == 0  # fmt: skip
-    out = capsys.readouterr().out
+    code, out, _ = _call(["describe", "--bootstrap-servers", broker.bootstrap_servers,
+                          "--transactional-id", txn_id], capsys)  # fmt: skip
+    assert code == 0
     assert "state            : Ongoing" in out
     assert f"{topic}[0]" in out and "s ago)" in out
-    assert main(["describe", "--bootstrap-servers", broker.bootstrap_servers,
-                 "--transactional-id", txn_id, "--json"]) == 0  # fmt: skip
-    info = json.loads(capsys.readouterr().out)
+    code, out, _ = _call(["describe", "--bootstrap-servers", broker.bootstrap_servers,
+                          "--transactional-id", txn_id, "--json"], capsys)  # fmt: skip
+    info = json.loads(out)
+    assert code == 0 and info["found"] is True
     assert info["state"] == "Ongoing" and info["partitions"] == {topic: [0]}
     assert info["age_s"] >= 0
     p.abort_transaction()
     p.close()
 
 
-def test_force_terminate_aborts_what_is_open(broker, capsys, txn_id):
+@pytest.mark.broker
+def test_describe_an_unknown_id_says_unknown_and_exits_4(broker, capsys, txn_id):
+    code, out, err = _call(["describe", "--bootstrap-servers", broker.bootstrap_servers,
+                            "--transactional-id", txn_id], capsys)  # fmt: skip
+    assert code == 4
+    assert out == ""
+    assert f"transactional id {txn_id!r} is unknown" in _one_line(err)
+    code, out, err = _call(["describe", "--bootstrap-servers", broker.bootstrap_servers,
+                            "--transactional-id", txn_id, "--json"], capsys)  # fmt: skip
+    assert code == 4
+    assert json.loads(out)["found"] is False
+    assert "is unknown" in _one_line(err)
+    assert not _coordinator_knows(broker, txn_id)  # describing registered nothing
+
+
+# ---------------------------------------------------------------------- force-terminate
+@pytest.mark.broker
+def test_force_terminate_asks_before_fencing_a_live_producer(broker, capsys, txn_id):
+    """A producer mid-transaction is not fenced without a confirmation: without a terminal
+    and without --yes, exit 3 and it commits afterwards as if nothing happened; with
+    --yes its transaction is aborted and the producer fenced."""
     topic = broker.create_topic()
     p = _open_transaction(broker, topic, txn_id)
-    assert main(["force-terminate", "--bootstrap-servers", broker.bootstrap_servers,
-                 "--transactional-id", txn_id]) == 0  # fmt: skip
-    assert "was Ongoing" in capsys.readouterr().out
-    main(["describe", "--bootstrap-servers", broker.bootstrap_servers,
-          "--transactional-id", txn_id, "--json"])  # fmt: skip
-    assert json.loads(capsys.readouterr().out)["state"] != "Ongoing"
-    assert broker.read_committed(topic, expected=0) == []
+    argv = ["force-terminate", "--bootstrap-servers", broker.bootstrap_servers,
+            "--transactional-id", txn_id]  # fmt: skip
+    code, out, err = _call(argv, capsys)
+    assert code == 3, err
+    line = _one_line(err)
+    assert line.startswith("kafka-txn: refused: ") and "is still open" in line
+    assert "--yes" in line and out == ""
+    p.commit_transaction()  # not fenced
+    assert broker.read_committed(topic, expected=1) == [(None, b"open")]
+
+    p.begin_transaction()
+    p.produce(topic, b"doomed", partition=0)
+    p.flush()
+    code, out, err = _call([*argv, "--yes"], capsys)
+    assert code == 0, err
+    assert "was Ongoing" in out and "open transaction aborted" in out
+    with pytest.raises(ProducerFencedError):
+        p.commit_transaction()
     p.close()
+    assert broker.read_committed(topic, expected=1) == [(None, b"open")]
 
 
-def test_recover_settles_a_crashed_dual_write(broker, capsys, tmp_path):
+@pytest.mark.broker
+def test_force_terminate_refuses_a_never_used_id(broker, capsys, txn_id):
+    code, out, err = _call(["force-terminate", "--bootstrap-servers", broker.bootstrap_servers,
+                            "--transactional-id", txn_id, "--yes"], capsys)  # fmt: skip
+    assert code == 4
+    line = _one_line(err)
+    assert "is unknown" in line and "does not register" in line and "nothing was done" in line
+    assert out == ""
+    assert not _coordinator_knows(broker, txn_id)
+
+
+@pytest.mark.broker
+def test_force_terminate_of_an_old_idle_id_needs_no_confirmation(broker, capsys, txn_id):
+    """An id whose producer only initialised (no transaction: start time -1) is settled
+    without a question, even without a terminal."""
+    p = TransactionalProducer({"bootstrap.servers": broker.bootstrap_servers,
+                               "transactional.id": txn_id})  # fmt: skip
+    p.init_transactions()
+    p.close()
+    code, out, err = _call(["force-terminate", "--bootstrap-servers", broker.bootstrap_servers,
+                            "--transactional-id", txn_id], capsys)  # fmt: skip
+    assert code == 0, err
+    assert "was Empty" in out and "no transaction was open" in out
+
+
+# ---------------------------------------------------------------------- recover
+@pytest.mark.broker
+def test_recover_settles_a_crashed_dual_write_once_confirmed(broker, capsys, tmp_path):
     s = Scenario(broker, f"jdbc:sqlite:{tmp_path}/cli.db")
     assert s.run("--batch", "0", "--crash-at", "after_db_commit").returncode == -9
-    assert main(["recover", "--bootstrap-servers", broker.bootstrap_servers,
-                 "--jdbc-url", s.jdbc_url, "--transactional-id", s.txn_id]) == 0  # fmt: skip
-    assert capsys.readouterr().out.strip() == f"{s.txn_id}: committed"
+    argv = ["recover", "--bootstrap-servers", broker.bootstrap_servers,
+            "--jdbc-url", s.jdbc_url, "--transactional-id", s.txn_id]  # fmt: skip
+    before = _state_rows(s.jdbc_url)
+    code, out, err = _call(argv, capsys)
+    assert code == 3, err  # the crashed writer's transaction is recent: not without --yes
+    assert "is still open" in err and "state row was written" in err
+    assert "is not running" in err  # its owner is a process of this host, and gone
+    assert _state_rows(s.jdbc_url) == before
+    assert broker.read_committed(s.topic, expected=0, timeout=1) == []
+    code, out, err = _call([*argv, "--yes"], capsys)
+    assert code == 0, err
+    assert out.strip() == f"{s.txn_id}: committed"
     s.assert_equal_sides(4)
 
 
-def test_demo_runs_and_verifies(broker):
-    exe = shutil.which("kafka-txn") or str(Path(sys.executable).parent / "kafka-txn")
-    done = subprocess.run(
-        [exe, "demo", "--bootstrap-servers", broker.bootstrap_servers, "--batches", "6"],
-        capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "VERIFIED" in done.stdout
-    assert "[  6/6]" in done.stdout  # progress shown
+@pytest.mark.broker
+def test_recover_asks_on_a_terminal(broker, tmp_path):
+    """On a terminal, recover asks: "n" leaves everything as it was (exit 3), "y" settles."""
+    s = Scenario(broker, f"jdbc:sqlite:{tmp_path}/tty.db")
+    assert s.run("--batch", "0", "--crash-at", "after_db_commit").returncode == -9
+    argv = ["recover", "--bootstrap-servers", broker.bootstrap_servers,
+            "--jdbc-url", s.jdbc_url, "--transactional-id", s.txn_id]  # fmt: skip
+    code, output = _in_terminal(argv, {"Proceed with recover? [y/N]": "n"})
+    assert code == 3, output
+    assert "not confirmed; nothing was done" in output
+    assert broker.read_committed(s.topic, expected=0, timeout=1) == []
+    code, output = _in_terminal(argv, {"Proceed with recover? [y/N]": "y"})
+    assert code == 0, output
+    assert f"{s.txn_id}: committed" in output
+    s.assert_equal_sides(4)
+
+
+@pytest.mark.broker
+def test_recover_does_not_fence_a_live_writer_mid_transaction(broker, jdbc_url, capsys, txn_id):
+    """A DualWriter mid-transaction in another thread: recover without --yes and without a
+    terminal refuses (exit 3) and touches nothing; the writer then commits both sides."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    writer = DualWriter(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}, jdbc_url
+    )
+    events.create(writer.engine, checkfirst=True)
+    writer.start()
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def live() -> None:
+        try:
+            with writer.transaction() as tx:
+                tx.connection.execute(insert(events), [{"batch": 0, "value": "live"}])
+                tx.send(topic, b"live").result(30)  # the coordinator now shows it Ongoing
+                inside.set()
+                release.wait(60)
+        except BaseException as exc:
+            errors.append(exc)
+            inside.set()
+
+    thread = threading.Thread(target=live)
+    thread.start()
+    try:
+        assert inside.wait(60) and not errors, errors
+        before = _state_rows(jdbc_url)[txn_id]
+        code, out, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                                "--jdbc-url", jdbc_url, "--transactional-id", txn_id,
+                                "--timeout", "20"], capsys)  # fmt: skip
+    finally:
+        release.set()
+        thread.join(60)
+    assert code == 3, err
+    line = _one_line(err)
+    assert "is still open" in line and "would fence it" in line and out == ""
+    assert errors == []
+    assert _state_rows(jdbc_url)[txn_id][1] == before[1] == writer.owner  # still its owner
+    assert broker.read_committed(topic, expected=1) == [(None, b"live")]
+    with writer.transaction() as tx:  # and it carries on
+        tx.produce(topic, b"after")
+    writer.close()
+
+
+@pytest.mark.broker
+def test_recover_an_id_without_a_state_row_is_unknown(broker, jdbc_url, capsys, txn_id):
+    _started_writer(broker, jdbc_url, f"{txn_id}-other")  # the state table exists
+    code, out, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                            "--jdbc-url", jdbc_url, "--transactional-id", txn_id, "--yes"],
+                           capsys)  # fmt: skip
+    assert code == 4 and out == ""
+    line = _one_line(err)
+    assert f"transactional id {txn_id!r} is unknown" in line and "no row for it" in line
+    assert txn_id not in _state_rows(jdbc_url)  # no state row inserted
+    assert not _coordinator_knows(broker, txn_id)  # nothing registered
+
+
+@pytest.mark.broker
+def test_recover_an_id_the_coordinator_does_not_know_is_unknown(broker, capsys, tmp_path):
+    """A state row whose id Kafka does not know (expired, or never initialised): exit 4,
+    the row unchanged, nothing registered."""
+    jdbc_url = f"jdbc:sqlite:{tmp_path}/expired.db"
+    _started_writer(broker, jdbc_url, f"known-{uuid.uuid4().hex[:8]}")
+    ghost = f"ghost-{uuid.uuid4().hex[:8]}"
+    stored = f"kafka-txn:1;tid={ghost};pid=9999;epoch=3;start=1700000000000"
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"INSERT INTO {STATE} (transactional_id, prepared_txn_state) VALUES (:t, :s)"),
+            {"t": ghost, "s": stored},
+        )
+    engine.dispose()
+    code, out, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                            "--jdbc-url", jdbc_url, "--transactional-id", ghost],
+                           capsys)  # fmt: skip
+    assert code == 4 and out == ""
+    line = _one_line(err)
+    assert "unknown to the transaction coordinator" in line and stored in line
+    assert _state_rows(jdbc_url)[ghost] == (stored, None)
+    assert not _coordinator_knows(broker, ghost)
+
+
+# ---------------------------------------------------------------------- databases
+@pytest.mark.broker
+@pytest.mark.parametrize(
+    ("database", "make_url", "needle"),
+    [
+        ("postgresql", lambda u, port: u.replace(":5432/", f":{port}/"),
+         "nothing accepts connections at 127.0.0.1:"),
+        ("postgresql", lambda u, port: u.replace("/test?", "/no_such_db?"),
+         "there is no database 'no_such_db'"),
+        ("postgresql", lambda u, port: u.replace("user=postgres", "user=no_such_role"),
+         "there is no role 'no_such_role'"),
+        ("mariadb", lambda u, port: u.replace(":3306/", f":{port}/"),
+         "cannot connect to 127.0.0.1:"),
+        ("mariadb", lambda u, port: u.replace("/test?", "/no_such_db?"),
+         "there is no database 'no_such_db'"),
+        ("mariadb", lambda u, port: u.replace("user=root", "user=no_such_user"),
+         "access denied for user 'no_such_user'"),
+        ("mariadb", lambda u, port: u + "&password=wrong",
+         "access denied for user 'root': wrong password"),
+    ],
+    ids=["pg-refused", "pg-unknown-db", "pg-unknown-role", "maria-refused",
+         "maria-unknown-db", "maria-unknown-user", "maria-wrong-password"],
+)  # fmt: skip
+def test_database_failures_are_one_line_and_exit_1(
+    broker, request, capsys, txn_id, database, make_url, needle
+):
+    base = request.getfixturevalue("postgres_jdbc" if database == "postgresql" else "mariadb_jdbc")
+    url = make_url(base, _closed_port())
+    code, out, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                            "--jdbc-url", url, "--transactional-id", txn_id, "--timeout", "10"],
+                           capsys)  # fmt: skip
+    assert code == 1
+    line = _one_line(err)
+    assert line.startswith("kafka-txn: error: ") and needle in line
+    assert "password=wrong" not in line and out == ""
+    assert not _coordinator_knows(broker, txn_id)
+
+
+@pytest.mark.broker
+def test_missing_state_table_is_one_line_and_nothing_is_created(broker, jdbc_url, capsys, txn_id):
+    table = f"no_state_{uuid.uuid4().hex[:8]}"
+    _started_writer(broker, jdbc_url, f"{txn_id}-other")  # the database exists (SQLite too)
+    code, _, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                          "--jdbc-url", jdbc_url, "--transactional-id", txn_id,
+                          "--state-table", table], capsys)  # fmt: skip
+    assert code == 1
+    line = _one_line(err)
+    assert f"the state table {table!r} does not exist" in line and "--state-table" in line
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        assert not inspect(engine).has_table(table)
+    finally:
+        engine.dispose()
+    assert not _coordinator_knows(broker, txn_id)
+
+
+@pytest.mark.broker
+def test_sqlite_file_that_does_not_exist_is_not_created(broker, capsys, tmp_path, txn_id):
+    for path in (tmp_path / "missing.db", tmp_path / "no_dir" / "missing.db"):
+        code, _, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                              "--jdbc-url", f"jdbc:sqlite:{path}", "--transactional-id", txn_id],
+                             capsys)  # fmt: skip
+        assert code == 1
+        assert f"the SQLite database file {path} does not exist" in _one_line(err)
+        assert not path.exists()
+    (tmp_path / "junk.db").write_bytes(b"not a database at all, longer than a header" * 4)
+    code, _, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                          "--jdbc-url", f"jdbc:sqlite:{tmp_path}/junk.db",
+                          "--transactional-id", txn_id], capsys)  # fmt: skip
+    assert code == 1
+    assert "is not a SQLite database" in _one_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.db"]
+
+
+@pytest.fixture(scope="module")
+def postgres_with_passwords() -> Iterator[str]:
+    """A private PostgreSQL (initdb, as the postgres user, password authentication over
+    TCP, on a free loopback port) for what the machine's trust-auth server cannot show: a
+    wrong password. Stopped and deleted afterwards."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    assert bins, "PostgreSQL's server binaries are not installed"
+    pg_bin = bins[-1]
+    folder = Path(tempfile.mkdtemp(prefix="kafka-txn-pg-"))
+    folder.chmod(0o755)
+    shutil.chown(folder, "postgres")
+    (folder / "pw").write_text("right-secret\n")
+    shutil.chown(folder / "pw", "postgres")
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    data = folder / "data"
+    subprocess.run([*as_pg, str(pg_bin / "initdb"), "-D", str(data), "-U", "postgres",
+                    "--auth-local=trust", "--auth-host=scram-sha-256",
+                    f"--pwfile={folder / 'pw'}"],
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    port = _closed_port()
+    subprocess.run([*as_pg, str(pg_bin / "pg_ctl"), "-D", str(data), "-w", "-l",
+                    str(folder / "log"), "-o",
+                    f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    try:
+        yield f"jdbc:postgresql://127.0.0.1:{port}/postgres?user=postgres"
+    finally:
+        subprocess.run([*as_pg, str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "immediate",
+                        "-w", "stop"], check=False, capture_output=True, timeout=120)  # fmt: skip
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.broker
+def test_postgres_password_from_the_environment(broker, postgres_with_passwords, txn_id):
+    """Wrong password: one line naming it; the right one from --password-env or
+    KAFKA_TXN_DB_PASSWORD gets in (the run then stops at the missing state table)."""
+    argv = ["recover", "--bootstrap-servers", broker.bootstrap_servers,
+            "--jdbc-url", postgres_with_passwords, "--transactional-id", txn_id]  # fmt: skip
+    wrong = _run(*argv, "--password-env", "PW", env={"PW": "wrong"})
+    assert wrong.returncode == 1
+    assert "the password of 'postgres' is wrong" in _one_line(wrong.stderr)
+    missing = _run(*argv)  # no password at all
+    assert missing.returncode == 1
+    assert "'postgres' needs a password" in _one_line(missing.stderr)
+    for options, env in ((["--password-env", "PW"], {"PW": "right-secret"}),
+                         ([], {"KAFKA_TXN_DB_PASSWORD": "right-secret"})):  # fmt: skip
+        right = _run(*argv, *options, env=env)
+        assert right.returncode == 1
+        assert "the state table 'kafka_transaction_state' does not exist" in right.stderr
+        assert "right-secret" not in right.stderr
+    unset = _run(*argv, "--password-env", "KAFKA_TXN_TEST_UNSET_VARIABLE")
+    assert unset.returncode == 2
+    assert "KAFKA_TXN_TEST_UNSET_VARIABLE: that variable is not set" in unset.stderr
+
+
+@pytest.mark.broker
+def test_password_prompt_on_a_terminal(broker, postgres_with_passwords, txn_id):
+    argv = ["recover", "--bootstrap-servers", broker.bootstrap_servers,
+            "--jdbc-url", postgres_with_passwords, "--transactional-id", txn_id,
+            "--password-prompt"]  # fmt: skip
+    code, output = _in_terminal(argv, {"password for": "right-secret"})
+    assert code == 1, output
+    assert "the state table 'kafka_transaction_state' does not exist" in output
+    assert "right-secret" not in output  # not echoed
+    code, output = _in_terminal(argv, {"password for": "wrong"})
+    assert code == 1 and "is wrong" in output, output
+
+
+# ---------------------------------------------------------------------- timeouts
+@pytest.mark.broker
+@pytest.mark.parametrize("command", ["describe", "force-terminate", "recover"])
+def test_unreachable_broker_honours_the_timeout(command, tmp_path, broker):
+    """--timeout 5 against a closed port: exit 1 and one line naming the broker, in about
+    the timeout (an upper bound only, as a hang guard: it took 122 s before)."""
+    port = _closed_port()
+    argv = [command, "--bootstrap-servers", f"127.0.0.1:{port}", "--transactional-id",
+            "settled", "--timeout", "5"]  # fmt: skip
+    if command == "recover":
+        jdbc_url = f"jdbc:sqlite:{tmp_path}/state.db"
+        _started_writer(broker, jdbc_url, "settled")  # a row, so the broker is asked
+        argv += ["--jdbc-url", jdbc_url]
+    started = time.monotonic()
+    done = _run(*argv)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    line = _one_line(done.stderr)
+    assert f"no usable answer from a Kafka broker at 127.0.0.1:{port} within 5s" in line
+    assert elapsed < 5 + 25
+
+
+def test_a_broker_that_never_answers_honours_the_timeout():
+    """Connections accepted, requests never answered: the per-request wait is bounded by
+    --timeout too (the coordinator client's own default is 10 s per socket)."""
+    with _silent_server() as port:
+        started = time.monotonic()
+        done = _run("describe", "--bootstrap-servers", f"127.0.0.1:{port}",
+                    "--transactional-id", "x", "--timeout", "3")  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert done.returncode == 1
+    assert f"127.0.0.1:{port} within 3s" in _one_line(done.stderr)
+    assert elapsed < 3 + 25
+
+
+def test_progress_on_a_terminal_and_verbose_logs():
+    """A wait longer than two seconds shows a progress line on a terminal (erased before
+    the error line); in a pipe stderr stays one line, and -v adds log lines."""
+    with _silent_server() as port:
+        argv = ["describe", "--bootstrap-servers", f"127.0.0.1:{port}",
+                "--transactional-id", "x", "--timeout", "4"]  # fmt: skip
+        code, output = _in_terminal(argv)
+        assert code == 1
+        assert f"kafka-txn: waiting for the transaction coordinator via 127.0.0.1:{port}" in output
+        assert "\x1b[K" in output  # erased
+        assert (
+            output.rstrip()
+            .splitlines()[-1]
+            .split("\x1b[K")[-1]
+            .startswith("kafka-txn: error: no usable answer")
+        )
+        verbose = _run(*argv, "-v")
+    assert verbose.returncode == 1
+    lines = verbose.stderr.strip().splitlines()
+    assert len(lines) > 1
+    assert any("INFO kafka_txn.cli: waiting for the transaction coordinator" in x for x in lines)
+    assert lines[-1].startswith("kafka-txn: error: ")
+
+
+@pytest.mark.parametrize("server", ["http", "postgresql"])
+def test_a_port_that_is_not_kafka_says_so_in_one_line(server, request):
+    """An HTTP server, or PostgreSQL's port: named as not Kafka at once, not retried until
+    the timeout, and never as a nonsense "response size 1213486160"."""
+    with contextlib.ExitStack() as stack:
+        if server == "http":
+            port = stack.enter_context(_http_server())
+        else:
+            request.getfixturevalue("postgres_jdbc")  # PostgreSQL runs on 5432
+            port = 5432
+        started = time.monotonic()
+        done = _run("describe", "--bootstrap-servers", f"127.0.0.1:{port}",
+                    "--transactional-id", "x", "--timeout", "20")  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert done.returncode == 1
+    line = _one_line(done.stderr)
+    assert line.startswith(f"kafka-txn: error: 127.0.0.1:{port} is not a usable Kafka broker: ")
+    assert "does not speak the Kafka protocol" in line and "response size" not in line
+    assert elapsed < 20  # not retried until the timeout
+
+
+# ---------------------------------------------------------------------- arguments
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["describe", "--bootstrap-servers", "127.0.0.1:1"], "--transactional-id"),
+        (["nonsense"], "invalid choice"),
+        (["describe", "--bootstrap-servers", "h:1", "--transactional-id", "x", "-X", "novalue"],
+         "-X 'novalue' is not key=value"),
+        (["describe", "--bootstrap-servers", "h:1", "--transactional-id", "x",
+          "-X", "no.such.property=1"], 'No such configuration property: "no.such.property"'),
+        (["describe", "--bootstrap-servers", "h:1", "--transactional-id", "x",
+          "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanism=GSSAPI"], "GSSAPI"),
+        (["force-terminate", "--bootstrap-servers", "h:1", "--transactional-id", "x",
+          "-X", "enable.idempotence=false"], "enable.idempotence"),
+        (["recover", "--bootstrap-servers", "h:1", "--transactional-id", "x",
+          "--jdbc-url", "jdbc:oracle:thin:@h:1:x"], "unsupported subprotocol 'oracle'"),
+        (["describe", "--bootstrap-servers", "h:1", "--transactional-id", "x",
+          "--timeout", "0"], "must be a positive number of seconds"),
+        (["recover", "--bootstrap-servers", "h:1", "--transactional-id", "x", "--jdbc-url",
+          "jdbc:sqlite:x.db", "--password", "a", "--password-env", "B"], "not allowed with"),
+        (["demo", "--timeout", "3"], "unrecognized arguments: --timeout 3"),
+        (["demo", "-X", "acks=all"], "unrecognized arguments: -X"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_exit_2(argv, needle, capsys):
+    code, out, err = _call(argv, capsys)
+    assert code == 2
+    assert needle in err
+    assert err.strip().splitlines()[-1].startswith("kafka-txn")
+    assert out == ""
+
+
+def test_version(capsys):
+    code, out, _ = _call(["--version"], capsys)
+    import confluent_kafka
+
+    from kafka_txn import __version__
+
+    assert code == 0
+    assert out.startswith(f"kafka-txn {__version__} (confluent-kafka ")
+    assert f"librdkafka {confluent_kafka.libversion()[0]}" in out
+
+
+def test_every_option_has_help_and_fencing_commands_say_so():
+    parser = _parser()
+    [commands] = [a for a in parser._actions if a.dest == "command"]
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            assert action.help, f"{name} {action.option_strings} has no help"
+        text = sub.format_help()
+        fences = name in ("recover", "force-terminate")
+        assert ("It FENCES" in text) == fences, name
+        if fences:
+            assert "--yes" in text and "exit code 3" in text
+    recover = " ".join(commands.choices["recover"].format_help().split())
+    assert "VISIBLE to other users in process lists" in recover
+    assert "KAFKA_TXN_DB_PASSWORD" in recover
+    assert set(commands.choices["demo"].format_help().split()) >= {"--batches", "--seed"}
+
+
+# ---------------------------------------------------------------------- extras
+_WITHOUT = "import sys; sys.modules[{module!r}] = None; from kafka_txn.cli import main; "
 
 
 @pytest.mark.parametrize(
-    ("argv", "code", "needle"),
+    ("module", "argv", "extra"),
     [
-        (["describe", "--bootstrap-servers", "127.0.0.1:1"], 2, "--transactional-id"),
-        (["nonsense"], 2, "invalid choice"),
-        (["describe", "--bootstrap-servers", "127.0.0.1:1", "--transactional-id", "x",
-          "--timeout", "1"], 1, "kafka-txn: error: "),
-        (["recover", "--bootstrap-servers", "127.0.0.1:1", "--transactional-id", "x",
-          "--jdbc-url", "jdbc:oracle:thin:@h:1:x"], 1, "unsupported subprotocol 'oracle'"),
-        (["describe", "--bootstrap-servers", "127.0.0.1:1", "--transactional-id", "x",
-          "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanism=GSSAPI"], 1,
-         "sasl.mechanism='GSSAPI'"),
+        ("psycopg", ["recover", "--jdbc-url", "jdbc:postgresql://127.0.0.1:1/db"], "postgres"),
+        ("pymysql", ["recover", "--jdbc-url", "jdbc:mysql://127.0.0.1:1/db"], "mysql"),
+        ("pymysql", ["recover", "--jdbc-url", "jdbc:mariadb://127.0.0.1:1/db"], "mysql"),
+        ("sqlalchemy", ["recover", "--jdbc-url", "jdbc:sqlite:x.db"], "sql"),
+        ("sqlalchemy", ["demo", "--bootstrap-servers", "127.0.0.1:1"], "demo"),
     ],
 )  # fmt: skip
-def test_bad_arguments_give_one_clear_line(argv, code, needle, capsys):
-    try:
-        got = main(argv)
-    except SystemExit as exc:  # argparse's own usage errors
-        got = int(exc.code or 0)
-    assert got == code
-    err = capsys.readouterr().err
-    assert needle in err
-    if code == 1:
-        assert len(err.strip().splitlines()) == 1
+def test_a_missing_package_names_its_extra(module, argv, extra):
+    """Run with ``module`` made unimportable (sys.modules[name] = None is how Python
+    marks a module that cannot be imported)."""
+    if argv[0] == "recover":
+        argv = [*argv, "--bootstrap-servers", "127.0.0.1:1", "--transactional-id", "x"]
+    code = _WITHOUT.format(module=module) + f"sys.exit(main({argv!r}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    line = _one_line(done.stderr)
+    assert f"pip install 'kafka-txn[{extra}]'" in line
+    assert "[test]" not in line
 
 
-def test_bad_x_option(capsys):
-    with pytest.raises(SystemExit, match="is not key=value"):
-        main(["describe", "--bootstrap-servers", "h:1", "--transactional-id", "x",
-              "-X", "novalue"])  # fmt: skip
-    _ = uuid
+# ---------------------------------------------------------------------- demo
+@pytest.mark.broker
+def test_demo_runs_and_verifies(broker):
+    done = _run("demo", "--bootstrap-servers", broker.bootstrap_servers, "--batches", "6",
+                timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "VERIFIED" in done.stdout
+    assert "[  6/6]" in done.stdout  # progress shown

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from ._cli_database import (
@@ -49,6 +49,9 @@ from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
 from .coordinator.client import TransactionDescription
 from .coordinator.connection import AuthenticationError, ProtocolError
 from .errors import ConfigurationError, KafkaTxnError, UnsupportedBrokerError
+
+if TYPE_CHECKING:  # SQLAlchemy is an extra, imported by recover only
+    from sqlalchemy.engine import Engine
 
 __all__ = ["main"]
 
@@ -356,7 +359,12 @@ def _recover(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _settle(conf: dict[str, Any], engine: Any, args: argparse.Namespace, deadline: Deadline) -> str:
+def _settle(
+    conf: dict[str, Any], engine: Engine, args: argparse.Namespace, deadline: Deadline
+) -> str:
+    """Recovery proper: a DualWriter's start() on the checked id (it never creates the
+    table: create_state_table=False; the row exists), bounded by what is left of the
+    deadline; its outcome's name."""
     from sqlalchemy.exc import SQLAlchemyError  # noqa: PLC0415 - checked by require_drivers
 
     from .dualwrite import DualWriter  # noqa: PLC0415 - needs SQLAlchemy

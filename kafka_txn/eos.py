@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import tenacity
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from .delivery import DeliveryCallback
 from .errors import (
@@ -280,7 +280,10 @@ class ExactlyOnceProcessor:
             err = msg.error()
             if err is None:
                 batch.append(msg)
-            elif err.fatal():
+            elif err.fatal() or err.code() == KafkaError._FATAL:
+                # librdkafka hands the consumer's fatal error (a static member fenced by
+                # another with its group.instance.id, say) to consume() as an error of
+                # code _FATAL whose fatal() flag confluent-kafka leaves False.
                 raise FatalError(f"consumer failed: {err.str()}", kafka_error=err)
             else:  # informational (e.g. a partition EOF, a broker going away)
                 log.info("consumer: %s", err.str())

@@ -229,7 +229,7 @@ def _reasons_to_ask(
                 f"{seen.state}, producer id {seen.producer_id}, epoch {seen.producer_epoch})"
             )
     if row is not None and row.age_s is not None and row.age_s < window:
-        reasons.append(f"its state row was written {row.age_s:.1f}s ago")
+        reasons.append(f"has a state row last written {row.age_s:.1f}s ago")
     return reasons
 
 
@@ -265,8 +265,9 @@ def _confirm_fencing(
         return False
     window = max(seen.timeout_ms / 1000, RECENT_FLOOR_S)
     situation = (
-        f"transactional id {transactional_id!r} {' and '.join(reasons)}, less than "
-        f"{window:g}s ago{_owner_note(row)}: a writer may still be using it, and {command} "
+        f"transactional id {transactional_id!r} {', and '.join(reasons)} (less than "
+        f"{window:g}s: the transaction timeout, at least 60s){_owner_note(row)}: a writer "
+        f"may still be using it, and {command} "
         "would fence it"
     )
     try:

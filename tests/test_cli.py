@@ -290,15 +290,15 @@ def test_force_terminate_of_an_old_idle_id_needs_no_confirmation(broker, capsys,
 
 # ---------------------------------------------------------------------- recover
 @pytest.mark.broker
-def test_recover_settles_a_crashed_dual_write_once_confirmed(broker, capsys, tmp_path):
-    s = Scenario(broker, f"jdbc:sqlite:{tmp_path}/cli.db")
+def test_recover_settles_a_crashed_dual_write_once_confirmed(broker, capsys, jdbc_url):
+    s = Scenario(broker, jdbc_url)
     assert s.run("--batch", "0", "--crash-at", "after_db_commit").returncode == -9
     argv = ["recover", "--bootstrap-servers", broker.bootstrap_servers,
             "--jdbc-url", s.jdbc_url, "--transactional-id", s.txn_id]  # fmt: skip
     before = _state_rows(s.jdbc_url)
     code, out, err = _call(argv, capsys)
     assert code == 3, err  # the crashed writer's transaction is recent: not without --yes
-    assert "is still open" in err and "state row was written" in err
+    assert "is still open" in err and "state row last written" in err
     assert "is not running" in err  # its owner is a process of this host, and gone
     assert _state_rows(s.jdbc_url) == before
     assert broker.read_committed(s.topic, expected=0, timeout=1) == []
@@ -370,6 +370,31 @@ def test_recover_does_not_fence_a_live_writer_mid_transaction(broker, jdbc_url, 
     with writer.transaction() as tx:  # and it carries on
         tx.produce(topic, b"after")
     writer.close()
+
+
+@pytest.mark.broker
+def test_recover_asks_when_the_state_row_was_written_recently(broker, jdbc_url, capsys, txn_id):
+    """A writer that has just started and not yet begun a transaction: the coordinator
+    shows none (start time -1), but its state row, written by start() moments ago by the
+    database's clock, is reason enough to ask. The writer carries on untouched."""
+    topic = broker.create_topic()
+    writer = DualWriter(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}, jdbc_url
+    )
+    writer.start()
+    try:
+        code, out, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                                "--jdbc-url", jdbc_url, "--transactional-id", txn_id],
+                               capsys)  # fmt: skip
+        assert code == 3, err
+        line = _one_line(err)
+        assert "has a state row last written" in line and "started" not in line
+        assert writer.owner in line and out == ""
+        with writer.transaction() as tx:
+            tx.produce(topic, b"still mine")
+        assert broker.read_committed(topic, expected=1) == [(None, b"still mine")]
+    finally:
+        writer.close()
 
 
 @pytest.mark.broker

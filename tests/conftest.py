@@ -23,8 +23,9 @@ from tests.rig import Broker, start_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The session's broker once a test has needed it (read by the terminal summary).
-_STARTED: list[Broker] = []
+# What became of the session's broker once a test needed it, for the terminal summary:
+# its description, or why it could not be had.
+_OUTCOME: list[str] = []
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -51,8 +52,12 @@ def broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
     """The session's broker, started on first use and stopped at the end of the session.
     If none can be had, this raises, and pytest reports the same error for every test that
     needs it (a session fixture's failure is cached): CI fails rather than skipping."""
-    started = start_broker()
-    _STARTED.append(started)
+    try:
+        started = start_broker()
+    except Exception as exc:
+        _OUTCOME.append(f"failed to start: {exc}")
+        raise
+    _OUTCOME.append(started.description)
     _announce(pytestconfig, f"kafka broker: {started.description}")
     try:
         yield started
@@ -61,7 +66,7 @@ def broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    described = _STARTED[0].description if _STARTED else "not started (no test needed one)"
+    described = _OUTCOME[0] if _OUTCOME else "not started (no test needed one)"
     terminalreporter.write_line(f"kafka broker: {described}")
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
@@ -23,21 +24,29 @@ class _Hook:
 
 
 class FailFirstAttempt(_Hook):
-    """Fail partition 0 of batch 1 on its first attempt, once after preparing and once
-    after the database committed (the worst moment: Kafka still prepared)."""
+    """Fail partition 0 of batch 1 twice: its first attempt after preparing (nothing
+    decided: the retry aborts it), its second after the database committed (the worst
+    moment: Kafka still prepared; the third attempt must commit it, not write again).
+    One attempt can fail only once, so each failure has an attempt of its own."""
+
+    FAILURES: ClassVar[dict[int, str]] = {0: "after_prepare", 1: "after_db_commit"}
+    """Spark attempt number -> the step it fails at."""
 
     def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
-        hit = batch_id == 1 and partition == 0 and attempt == 0
-        if hit and step in ("after_prepare", "after_db_commit") and self.once(f"fail-{step}"):
+        hit = batch_id == 1 and partition == 0 and self.FAILURES.get(attempt) == step
+        if hit and self.once(f"fail-{step}"):
             raise RuntimeError(f"injected task failure at {step}")
 
 
 class FailInBatchOne(_Hook):
-    """Fail two attempts of batch 1 after the database commit."""
+    """Fail the first attempt of every partition of batch 1 after the database commit:
+    two tasks in doubt at once, each committed by its own retry. (A retry of a partition
+    whose database transaction committed writes nothing and fires no step: a second
+    failure of the same partition after the database commit cannot happen.)"""
 
     def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
-        hit = batch_id == 1 and partition == 0 and step == "after_db_commit" and attempt < 2
-        if hit and self.once(f"attempt-{attempt}"):
+        hit = batch_id == 1 and step == "after_db_commit" and attempt == 0
+        if hit and self.once(f"partition-{partition}"):
             raise RuntimeError("injected task failure")
 
 

@@ -87,8 +87,17 @@ def _input_files(folder: Path, files: int, rows: int) -> list[str]:
 
 
 @pytest.mark.timeout(600)  # a streaming query bounded by 300 s, then the checks
-@pytest.mark.parametrize("hook", [spark_hooks.FailFirstAttempt, spark_hooks.FailInBatchOne])
-def test_task_retries_are_exactly_once(spark, broker, postgres_jdbc, tmp_path, fault_dir, hook):
+@pytest.mark.parametrize(
+    ("hook", "injected"),
+    [
+        (spark_hooks.FailFirstAttempt, {"fail-after_prepare", "fail-after_db_commit"}),
+        (spark_hooks.FailInBatchOne, {"partition-0", "partition-1"}),
+    ],
+    ids=["FailFirstAttempt", "FailInBatchOne"],
+)
+def test_task_retries_are_exactly_once(
+    spark, broker, postgres_jdbc, tmp_path, fault_dir, hook, injected
+):
     values = _input_files(tmp_path / "in", files=3, rows=40)
     sink, topic, table = _sink(broker, postgres_jdbc, on_step=hook(str(fault_dir)))
     stream = (
@@ -105,7 +114,8 @@ def test_task_retries_are_exactly_once(spark, broker, postgres_jdbc, tmp_path, f
     )
     query.awaitTermination(timeout=300)
     assert query.exception() is None
-    assert any(fault_dir.iterdir())  # the failure really happened
+    # Every failure the hook names really happened, each once (a marker per failure).
+    assert {marker.name for marker in fault_dir.iterdir()} == injected
     _assert_exactly_once(broker, topic, postgres_jdbc, table, values)
 
 

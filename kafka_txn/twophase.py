@@ -26,7 +26,7 @@ from ._librdkafka import Driver
 from .classification import exception_for
 from .config import ValidatedConfig
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
-from .coordinator.connection import AuthenticationError, ProtocolError
+from .coordinator.connection import AuthenticationError, NotKafkaError, ProtocolError
 from .delivery import Deliveries
 from .errors import (
     ConfigurationError,
@@ -122,7 +122,8 @@ def coordinator_failure(
     calls fatal (fencing, TRANSACTIONAL_ID_AUTHORIZATION_FAILED...) is a ``FatalError``
     whichever client met it. Otherwise, while preparing, the transaction cannot be
     prepared (abortable); while recovering, a coordinator that stayed unreachable leaves
-    the outcome unknown (call again), and anything else stops recovery (fatal)."""
+    the outcome unknown (call again), a peer that is not Kafka is a ConfigurationError,
+    and anything else stops recovery (fatal)."""
     if isinstance(exc, KafkaTxnError):
         return exc
     if isinstance(exc, AuthenticationError):
@@ -151,6 +152,9 @@ def coordinator_failure(
         if exc.retriable:
             return _unknown(operation, exc, deadline_s)
         return FatalError(f"{operation}: {exc}", kafka_error=err)
+    if isinstance(exc, NotKafkaError) and recovering:
+        # Not a coordinator that may come back: the address or security.protocol is wrong.
+        return ConfigurationError(f"{operation}: {exc}")
     if isinstance(exc, ProtocolError):
         if not recovering:
             return TransactionAbortableError(

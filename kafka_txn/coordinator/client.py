@@ -7,6 +7,11 @@ commit) from any connection with WRITE on the transactional id (Flink's KafkaSin
 transactions the same way). Coordinator moves and loading (NOT_COORDINATOR,
 COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS), CONCURRENT_TRANSACTIONS and
 dropped connections are retried with tenacity, re-finding the coordinator each time.
+
+Each public call finishes within ``deadline_s``: every connect, TLS handshake, SASL
+exchange and request gets only the time left (``BrokerConnection.deadline``), and no
+retry starts once it is spent. Refusals that retrying cannot fix (authentication, TLS
+certificates, a peer that is not Kafka) are raised at once.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ import tenacity
 from confluent_kafka import KafkaError
 
 from ..errors import UnsupportedBrokerError
-from .connection import AuthenticationError, BrokerConnection, ConnectionSettings, ProtocolError
+from .connection import (
+    AuthenticationError,
+    BrokerConnection,
+    ConnectionSettings,
+    DeadlineExceededError,
+    NotKafkaError,
+    ProtocolError,
+)
 from .messages import DESCRIBE_TRANSACTIONS, END_TXN, FIND_COORDINATOR, INIT_PRODUCER_ID
 
 __all__ = ["CoordinatorClient", "CoordinatorError", "TransactionDescription"]
@@ -98,7 +110,7 @@ class TransactionDescription:
 
 
 def _retriable(exc: BaseException) -> bool:
-    if isinstance(exc, AuthenticationError):
+    if isinstance(exc, (AuthenticationError, NotKafkaError)):
         return False
     return isinstance(exc, ProtocolError) or (isinstance(exc, CoordinatorError) and exc.retriable)
 
@@ -120,6 +132,8 @@ class CoordinatorClient:
         self._sleep = sleep
         self._bootstrap: BrokerConnection | None = None
         self._coordinator: BrokerConnection | None = None
+        self._deadline: float | None = None
+        """``time.monotonic()`` by which the public call under way must end."""
 
     # ------------------------------------------------------------------ public calls
     def describe(self) -> TransactionDescription:
@@ -179,46 +193,76 @@ class CoordinatorClient:
 
     # ------------------------------------------------------------------ internals
     def _with_retries(self, operation: str, call: Callable[[], T]) -> T:
+        last: list[BaseException] = []
+
         def before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
+            if exc is not None and not isinstance(exc, DeadlineExceededError):
+                last[:] = [exc]
             log.info("%s for %r: %s; retrying", operation, self.transactional_id, exc)
             if isinstance(exc, ProtocolError) or (
                 isinstance(exc, CoordinatorError) and exc.code in _MOVED
             ):
                 self._forget_coordinator()
 
+        deadline = time.monotonic() + self.deadline_s
+        backoff = tenacity.wait_exponential(multiplier=0.05, max=1.0) + tenacity.wait_random(
+            0, 0.05
+        )
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            # Never sleep past the deadline: the attempt after the sleep gets what is left.
+            return min(backoff(state), max(0.0, deadline - time.monotonic()))
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            return time.monotonic() >= deadline
+
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(_retriable),
-            stop=tenacity.stop_after_delay(self.deadline_s),
-            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0)
-            + tenacity.wait_random(0, 0.05),
+            stop=stop,
+            wait=wait,
             sleep=self._sleep,
             before_sleep=before_sleep,
             reraise=True,
         )
-        return retrying(call)
+        self._deadline = deadline
+        try:
+            return retrying(call)
+        except DeadlineExceededError:
+            if last:  # what kept failing says more than "the deadline passed"
+                raise last[0] from None
+            raise
+        finally:
+            self._deadline = None
 
     def _forget_coordinator(self) -> None:
         if self._coordinator is not None:
             self._coordinator.close()
             self._coordinator = None
 
+    def _connect(self, host: str, port: int) -> BrokerConnection:
+        return BrokerConnection(self.settings, host, port, deadline=self._deadline)
+
     def _any_broker(self) -> BrokerConnection:
         if self._bootstrap is not None:
+            self._bootstrap.deadline = self._deadline
             return self._bootstrap
-        errors = []
+        errors: list[ProtocolError] = []
         for host, port in self.settings.bootstrap:
             try:
-                self._bootstrap = BrokerConnection(self.settings, host, port)
+                self._bootstrap = self._connect(host, port)
                 return self._bootstrap
-            except AuthenticationError:
+            except (AuthenticationError, DeadlineExceededError):
                 raise
             except ProtocolError as exc:
-                errors.append(str(exc))
-        raise ProtocolError("no bootstrap server reachable: " + "; ".join(errors))
+                errors.append(exc)
+        if errors and all(isinstance(e, NotKafkaError) for e in errors):
+            raise NotKafkaError("; ".join(str(e) for e in errors))
+        raise ProtocolError("no bootstrap server reachable: " + "; ".join(map(str, errors)))
 
     def _coordinator_conn(self) -> BrokerConnection:
         if self._coordinator is not None:
+            self._coordinator.deadline = self._deadline
             return self._coordinator
         broker = self._any_broker()
         version = broker.supports(FIND_COORDINATOR)
@@ -247,7 +291,7 @@ class CoordinatorClient:
         if (host, port) == (broker.host, broker.port):
             self._coordinator = broker
         else:
-            self._coordinator = BrokerConnection(self.settings, host, port)
+            self._coordinator = self._connect(host, port)
         return self._coordinator
 
     def _describe_once(self) -> TransactionDescription:

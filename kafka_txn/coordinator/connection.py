@@ -1,10 +1,16 @@
 """One blocking connection to one broker: TLS, SASL, request/response framing.
 
 Settings come from the producer's librdkafka configuration, so that the coordinator
-client reaches the cluster exactly as the producer does. Supported: security.protocol
-PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL; sasl.mechanism PLAIN, SCRAM-SHA-256,
-SCRAM-SHA-512; the ssl.* file locations. Anything else is a ConfigurationError when the
-producer is built, not a surprise at recovery time.
+client reaches the cluster exactly as the producer does: security.protocol PLAINTEXT,
+SSL, SASL_PLAINTEXT, SASL_SSL; sasl.mechanism PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 and
+OAUTHBEARER (through confluent-kafka's ``oauth_cb``); the ``ssl.*`` settings Python's
+ssl module can honour (``security.SECURITY_KEYS`` lists every key and what is done with
+it). Anything else is a ConfigurationError when the producer is built, not a surprise
+at recovery time.
+
+Every blocking step (connect, TLS handshake, SASL, each request) is bounded by the
+connection's ``deadline`` (set by the coordinator client for each of its calls) and by
+``ConnectionSettings.timeout_s``.
 """
 
 from __future__ import annotations
@@ -14,20 +20,34 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError
 from .codec import NULLABLE_STRING, Reader, Writer, decode, encode
+from .foreign import describe_answer
 from .messages import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE, Api
+from .oauthbearer import OAuthBearerError, OAuthToken, TokenSource, client_first_message
 from .scram import ScramClient, ScramError
+from .security import check_security_keys
+from .tls import TlsSettings
 
-__all__ = ["AuthenticationError", "BrokerConnection", "ConnectionSettings", "ProtocolError"]
+__all__ = [
+    "AuthenticationError",
+    "BrokerConnection",
+    "ConnectionSettings",
+    "DeadlineExceededError",
+    "NotKafkaError",
+    "ProtocolError",
+]
 
 _PROTOCOLS = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
-_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 MAX_RESPONSE_BYTES = 100 * 1024 * 1024
+_SNIFF_BYTES = 512
+_TRUE, _FALSE = ("true", "1", "t"), ("false", "0", "f")
 
 
 class ProtocolError(Exception):
@@ -36,7 +56,18 @@ class ProtocolError(Exception):
 
 
 class AuthenticationError(ProtocolError):
-    """The broker refused our credentials or mechanism: retrying will not help."""
+    """The broker refused our credentials, mechanism or TLS certificate, or we refused
+    the broker's certificate: retrying will not help."""
+
+
+class DeadlineExceededError(ProtocolError):
+    """The deadline of the call under way passed before this step could start."""
+
+
+class NotKafkaError(ProtocolError):
+    """The peer does not speak the Kafka protocol (an HTTP server, a database...) or
+    does not speak TLS where security.protocol says it should: a configuration error,
+    not retried."""
 
 
 @dataclass(frozen=True)
@@ -56,15 +87,40 @@ class ConnectionSettings:
     ssl_check_hostname: bool = True
     client_id: str = "kafka-txn"
     timeout_s: float = 10.0
+    """Upper bound of each blocking step (connect, handshake, one request)."""
+    ssl_ca_pem: str | None = field(default=None, repr=False)
+    ssl_certificate_pem: str | None = field(default=None, repr=False)
+    ssl_key_pem: str | None = field(default=None, repr=False)
+    ssl_crl_location: str | None = None
+    ssl_cipher_suites: str | None = None
+    oauth_cb: Callable[[str | None], Any] | None = field(default=None, repr=False, compare=False)
+    """confluent-kafka's ``oauth_cb``, for sasl.mechanism=OAUTHBEARER."""
+    oauthbearer_config: str | None = field(default=None, repr=False)
+    """``sasl.oauthbearer.config``, the argument ``oauth_cb`` is called with."""
+    _tokens: TokenSource | None = field(init=False, default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.sasl_mechanism == "OAUTHBEARER":
+            if not callable(self.oauth_cb):
+                raise ConfigurationError(
+                    "sasl.mechanism=OAUTHBEARER needs an oauth_cb for kafka-txn's "
+                    "coordinator client (two-phase commit): give the producer the "
+                    "oauth_cb you would give confluent-kafka; it serves both clients"
+                )
+            tokens = TokenSource(self.oauth_cb, self.oauthbearer_config)
+            object.__setattr__(self, "_tokens", tokens)
 
     @classmethod
     def from_librdkafka(cls, conf: Mapping[str, Any]) -> ConnectionSettings:
-        """Settings from a producer's librdkafka dict; unsupported ones raise
-        ConfigurationError naming the key."""
+        """Settings from a producer's librdkafka dict; what the coordinator client
+        cannot honour raises ConfigurationError naming the key, before anything
+        connects (the TLS context is built once here, so that unreadable files, a
+        wrong key password or a bad cipher list are reported now)."""
         servers = str(conf.get("bootstrap.servers") or conf.get("metadata.broker.list") or "")
         bootstrap = tuple(_host_port(item) for item in servers.split(",") if item.strip())
         if not bootstrap:
             raise ConfigurationError("bootstrap.servers is required for two-phase commit")
+        check_security_keys(conf)
         protocol = str(conf.get("security.protocol", "plaintext")).lower()
         if protocol not in _PROTOCOLS:
             raise ConfigurationError(
@@ -73,47 +129,111 @@ class ConnectionSettings:
             )
         mechanism = None
         if protocol.startswith("sasl"):
-            mechanism = str(conf.get("sasl.mechanism", conf.get("sasl.mechanisms", "GSSAPI")))
-            if mechanism.upper() not in _MECHANISMS:
-                raise ConfigurationError(
-                    f"sasl.mechanism={mechanism!r} is not supported by kafka-txn's coordinator "
-                    f"client (two-phase commit): use one of {', '.join(_MECHANISMS)}"
-                )
-            mechanism = mechanism.upper()
-            for key in ("sasl.username", "sasl.password"):
-                if not conf.get(key):
-                    raise ConfigurationError(f"{key} is required with sasl.mechanism={mechanism}")
-        verify = str(conf.get("enable.ssl.certificate.verification", "true")).lower()
-        identification = str(conf.get("ssl.endpoint.identification.algorithm", "https"))
-        return cls(
+            mechanism = _mechanism(conf)
+        oauth_cb = conf.get("oauth_cb")
+        if oauth_cb is not None and not callable(oauth_cb):
+            raise ConfigurationError(f"oauth_cb must be callable, got {type(oauth_cb).__name__}")
+        settings = cls(
             bootstrap=bootstrap,
             security_protocol=protocol,
             sasl_mechanism=mechanism,
             sasl_username=conf.get("sasl.username"),
             sasl_password=conf.get("sasl.password"),
-            ssl_ca_location=conf.get("ssl.ca.location"),
-            ssl_certificate_location=conf.get("ssl.certificate.location"),
-            ssl_key_location=conf.get("ssl.key.location"),
-            ssl_key_password=conf.get("ssl.key.password"),
-            ssl_verify=verify not in ("false", "0"),
-            ssl_check_hostname=identification.lower() == "https",
+            ssl_ca_location=_text(conf, "ssl.ca.location"),
+            ssl_certificate_location=_text(conf, "ssl.certificate.location"),
+            ssl_key_location=_text(conf, "ssl.key.location"),
+            ssl_key_password=_text(conf, "ssl.key.password"),
+            ssl_verify=_flag(conf, "enable.ssl.certificate.verification"),
+            ssl_check_hostname=_identification(conf),
             client_id=str(conf.get("client.id", "kafka-txn")),
+            ssl_ca_pem=_text(conf, "ssl.ca.pem"),
+            ssl_certificate_pem=_text(conf, "ssl.certificate.pem"),
+            ssl_key_pem=_text(conf, "ssl.key.pem"),
+            ssl_crl_location=_text(conf, "ssl.crl.location"),
+            ssl_cipher_suites=_text(conf, "ssl.cipher.suites"),
+            oauth_cb=oauth_cb if mechanism == "OAUTHBEARER" else None,
+            oauthbearer_config=conf.get("sasl.oauthbearer.config"),
+        )
+        settings.ssl_context()  # loads every file now: errors name their key
+        return settings
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol.endswith("ssl")
+
+    @property
+    def tls(self) -> TlsSettings:
+        return TlsSettings(
+            ca_location=self.ssl_ca_location,
+            ca_pem=self.ssl_ca_pem,
+            crl_location=self.ssl_crl_location,
+            certificate_location=self.ssl_certificate_location,
+            certificate_pem=self.ssl_certificate_pem,
+            key_location=self.ssl_key_location,
+            key_pem=self.ssl_key_pem,
+            key_password=self.ssl_key_password,
+            cipher_suites=self.ssl_cipher_suites,
+            verify=self.ssl_verify,
+            check_hostname=self.ssl_check_hostname,
         )
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        if not self.security_protocol.endswith("ssl"):
-            return None
-        ctx = ssl.create_default_context(cafile=self.ssl_ca_location)
-        if self.ssl_certificate_location:
-            ctx.load_cert_chain(
-                self.ssl_certificate_location, self.ssl_key_location, self.ssl_key_password
-            )
-        if not self.ssl_verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        else:
-            ctx.check_hostname = self.ssl_check_hostname
-        return ctx
+        """A fresh TLS context for a connection, or None without TLS."""
+        return self.tls.context() if self.uses_tls else None
+
+    def oauth_token(self) -> OAuthToken:
+        """The current OAUTHBEARER token (from ``oauth_cb``, refreshed when due)."""
+        if self._tokens is None:
+            raise OAuthBearerError("sasl.mechanism is not OAUTHBEARER")
+        return self._tokens.token()
+
+    def forget_oauth_token(self) -> None:
+        """Ask ``oauth_cb`` again next time (after the broker refused the token)."""
+        if self._tokens is not None:
+            self._tokens.forget()
+
+
+def _text(conf: Mapping[str, Any], key: str) -> str | None:
+    value = conf.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return str(value)
+
+
+def _flag(conf: Mapping[str, Any], key: str) -> bool:
+    value = conf.get(key, True)
+    text = str(value).strip().lower()
+    if isinstance(value, bool) or text in _TRUE + _FALSE:
+        return text in _TRUE
+    raise ConfigurationError(f"{key}={value!r} is not a boolean: use true or false")
+
+
+def _identification(conf: Mapping[str, Any]) -> bool:
+    key = "ssl.endpoint.identification.algorithm"
+    value = str(conf.get(key, "https")).strip().lower()
+    if value not in ("https", "none"):
+        raise ConfigurationError(f"{key}={value!r}: use https (check the host name) or none")
+    return value == "https"
+
+
+def _mechanism(conf: Mapping[str, Any]) -> str:
+    unset = "sasl.mechanism" not in conf and "sasl.mechanisms" not in conf
+    key = "sasl.mechanisms" if "sasl.mechanisms" in conf else "sasl.mechanism"
+    mechanism = str(conf.get(key, "GSSAPI")).strip()  # librdkafka's default is GSSAPI
+    if mechanism.upper() not in _MECHANISMS:
+        hint = ""
+        if mechanism.upper() == "GSSAPI":
+            hint = " (Kerberos" + (", librdkafka's default when it is unset)" if unset else ")")
+        raise ConfigurationError(
+            f"{key}={mechanism!r} is not supported by kafka-txn's coordinator client "
+            f"(two-phase commit){hint}: use one of {', '.join(_MECHANISMS)}"
+        )
+    mechanism = mechanism.upper()
+    if mechanism != "OAUTHBEARER":
+        for name in ("sasl.username", "sasl.password"):
+            if not conf.get(name):
+                raise ConfigurationError(f"{name} is required with {key}={mechanism}")
+    return mechanism
 
 
 def _host_port(item: str) -> tuple[str, int]:
@@ -127,20 +247,47 @@ def _host_port(item: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class BrokerConnection:
-    """A connected, authenticated socket to one broker, and the API versions it speaks."""
+def _reason(exc: OSError) -> str:
+    """OpenSSL's reason (``UNEXPECTED_EOF_WHILE_READING``...), else the error's text."""
+    return str(getattr(exc, "reason", None) or exc)
 
-    def __init__(self, settings: ConnectionSettings, host: str, port: int) -> None:
+
+# OpenSSL verification codes (x509_vfy.h) worth a hint of their own.
+_VERIFY_HINTS = {
+    62: "the certificate does not name this host: fix the broker's certificate, or set "
+    "ssl.endpoint.identification.algorithm=none",
+    64: "the certificate does not name this IP address: fix the broker's certificate, "
+    "or set ssl.endpoint.identification.algorithm=none",
+    18: "it is self-signed: put it (or its CA) in ssl.ca.location or ssl.ca.pem",
+    19: "its CA is not trusted: set ssl.ca.location or ssl.ca.pem to the CA that signed it",
+    20: "its CA is not trusted: set ssl.ca.location or ssl.ca.pem to the CA that signed it",
+    21: "its CA is not trusted: set ssl.ca.location or ssl.ca.pem to the CA that signed it",
+    23: "it is revoked (ssl.crl.location)",
+    10: "it has expired",
+    3: "ssl.crl.location has no CRL from the certificate's CA",
+}
+
+
+class BrokerConnection:
+    """A connected, authenticated socket to one broker, and the API versions it speaks.
+
+    ``deadline`` (``time.monotonic()`` seconds, or None) bounds every blocking step; the
+    coordinator client moves it forward for each of its calls."""
+
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        host: str,
+        port: int,
+        deadline: float | None = None,
+    ) -> None:
         self.host, self.port = host, port
+        self.deadline = deadline
         self._settings = settings
         self._lock = threading.Lock()
         self._correlation = 0
-        try:
-            raw = socket.create_connection((host, port), timeout=settings.timeout_s)
-            ctx = settings.ssl_context()
-            self._sock = ctx.wrap_socket(raw, server_hostname=host) if ctx else raw
-        except (OSError, ssl.SSLError) as exc:
-            raise ProtocolError(f"cannot connect to {host}:{port}: {exc}") from exc
+        self._answered = False
+        self._sock = self._connect()
         try:
             self.versions = self._api_versions()
             if settings.sasl_mechanism:
@@ -148,6 +295,10 @@ class BrokerConnection:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -173,31 +324,130 @@ class BrokerConnection:
                 header.uvarint(0)  # request header v2: empty tagged fields
             payload = header.getvalue() + encode(api.requests[version], body, flexible)
             try:
+                self._sock.settimeout(self._timeout())
                 self._sock.sendall(struct.pack(">i", len(payload)) + payload)
-                size = struct.unpack(">i", self._read(4))[0]
+                head = self._read(4)
+                size = struct.unpack(">i", head)[0]
                 if not 4 <= size <= MAX_RESPONSE_BYTES:
-                    raise ProtocolError(f"response size {size} from {self.host}:{self.port}")
+                    raise self._not_kafka(head)
                 data = self._read(size)
-            except (OSError, ssl.SSLError) as exc:
+            except DeadlineExceededError:
+                self.close()  # a request may be half sent or its answer half read
+                raise
+            except ssl.SSLError as exc:
                 self.close()
-                raise ProtocolError(f"{api.name} to {self.host}:{self.port}: {exc}") from exc
+                raise self._tls_failure(exc) from exc
+            except OSError as exc:
+                self.close()
+                raise ProtocolError(
+                    f"{api.name} to {self.address}: {exc or type(exc).__name__}"
+                    + self._first_answer_hint()
+                ) from exc
         got = struct.unpack(">i", data[:4])[0]
         if got != correlation:
             self.close()
-            raise ProtocolError(f"correlation id {got} != {correlation} from {self.host}")
+            if not self._answered:
+                raise self._not_kafka(struct.pack(">i", size) + data[:_SNIFF_BYTES], sniff=False)
+            raise ProtocolError(f"correlation id {got} != {correlation} from {self.address}")
         # Response header v1 (tagged fields) for flexible versions, except ApiVersions,
         # whose response header is always v0 (KIP-511).
         try:
             tags = Reader(data[4:])
             if flexible and api.key != API_VERSIONS.key:
                 tags.skip_tagged_fields()
-            return decode(api.responses[version], data[4 + tags.pos :], flexible)
-        except ValueError as exc:
+            answer = decode(api.responses[version], data[4 + tags.pos :], flexible)
+        except (ValueError, UnicodeDecodeError) as exc:
+            if not self._answered:
+                self.close()
+                raise self._not_kafka(
+                    struct.pack(">i", size) + data[:_SNIFF_BYTES], sniff=False
+                ) from exc
             raise ProtocolError(f"unreadable {api.name} v{version} response: {exc}") from exc
+        self._answered = True
+        return answer
 
+    # ------------------------------------------------------------------ connecting
+    def _timeout(self) -> float:
+        """Seconds the next blocking step may take: ``timeout_s``, less near the
+        deadline; DeadlineExceededError once it has passed."""
+        limit = self._settings.timeout_s
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceededError(f"{self.address}: the deadline passed")
+            limit = min(limit, left)
+        return limit
+
+    def _connect(self) -> socket.socket:
+        ctx = self._settings.ssl_context()
+        try:
+            raw = socket.create_connection((self.host, self.port), timeout=self._timeout())
+        except OSError as exc:
+            raise ProtocolError(f"cannot connect to {self.address}: {exc}") from exc
+        if ctx is None:
+            return raw
+        try:
+            # SNI and the host name check use the host connected to, as librdkafka's
+            # rd_kafka_transport_ssl_set_endpoint_id (no SNI for an IP address).
+            sock = ctx.wrap_socket(raw, server_hostname=self.host, do_handshake_on_connect=False)
+        except (OSError, ValueError) as exc:
+            raw.close()
+            raise ProtocolError(f"TLS with {self.address}: {exc}") from exc
+        try:
+            sock.settimeout(self._timeout())
+            sock.do_handshake()
+        except DeadlineExceededError:
+            sock.close()
+            raise
+        except OSError as exc:  # ssl.SSLError included
+            sock.close()
+            failure = self._tls_failure(exc) if isinstance(exc, ssl.SSLError) else None
+            if failure is not None and type(failure) is not ProtocolError:
+                raise failure from exc
+            # Dropped during the handshake: retried, but a PLAINTEXT listener does this
+            # to every TLS client (it reads the ClientHello as an absurd request size).
+            raise ProtocolError(
+                f"TLS handshake with {self.address} failed: "
+                f"{_reason(exc) or type(exc).__name__} (is it a TLS listener? "
+                f"security.protocol is {self._settings.security_protocol.upper()})"
+            ) from exc
+        return sock
+
+    def _tls_failure(self, exc: ssl.SSLError) -> ProtocolError:
+        """A TLS error as the error to raise: certificate problems and refusals are
+        final (AuthenticationError), a peer that does not speak TLS is a NotKafkaError,
+        anything else (a dropped connection) is retried."""
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            hint = _VERIFY_HINTS.get(exc.verify_code, "")
+            return AuthenticationError(
+                f"TLS: the certificate of {self.address} was not accepted: "
+                f"{exc.verify_message}" + (f"; {hint}" if hint else "")
+            )
+        reason = _reason(exc)
+        upper = reason.upper()
+        if "ALERT" in upper:
+            hint = ""
+            if any(w in upper for w in ("CERTIFICATE_REQUIRED", "BAD_CERTIFICATE", "UNKNOWN_CA")):
+                hint = (
+                    "; the broker wants a client certificate it trusts: set "
+                    "ssl.certificate.location and ssl.key.location (or ssl.certificate.pem "
+                    "and ssl.key.pem)"
+                )
+            return AuthenticationError(
+                f"TLS: {self.address} refused the connection ({reason.lower()}){hint}"
+            )
+        if any(w in upper for w in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER")):
+            return NotKafkaError(
+                f"{self.address} does not speak TLS ({reason.lower()}): it is probably a "
+                "PLAINTEXT listener; check security.protocol and the port"
+            )
+        return ProtocolError(f"TLS with {self.address} failed: {reason}")
+
+    # ------------------------------------------------------------------ framing
     def _read(self, size: int) -> bytes:
         chunks = []
         while size:
+            self._sock.settimeout(self._timeout())
             chunk = self._sock.recv(min(size, 1 << 20))
             if not chunk:
                 raise OSError("connection closed by the broker")
@@ -205,6 +455,35 @@ class BrokerConnection:
             size -= len(chunk)
         return b"".join(chunks)
 
+    def _first_answer_hint(self) -> str:
+        if self._answered:
+            return ""
+        return (
+            " (nothing was answered: is this a Kafka listener, and does security.protocol="
+            f"{self._settings.security_protocol.upper()} match it?)"
+        )
+
+    def _not_kafka(self, head: bytes, sniff: bool = True) -> NotKafkaError:
+        """The error for a peer whose answer is not a Kafka response: what it sent,
+        read a little further (briefly) to recognise it."""
+        data = head
+        if sniff:
+            with contextlib.suppress(OSError, ProtocolError):
+                self._sock.settimeout(min(0.5, self._timeout()))
+                while len(data) < _SNIFF_BYTES:
+                    chunk = self._sock.recv(_SNIFF_BYTES - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+                    if b"\r\n\r\n" in data or b"\0" in data[5:]:
+                        break
+        self.close()
+        return NotKafkaError(
+            f"{self.address} does not speak the Kafka protocol ({describe_answer(data)}); "
+            "check bootstrap.servers and security.protocol"
+        )
+
+    # ------------------------------------------------------------------ handshakes
     def _api_versions(self) -> dict[int, tuple[int, int]]:
         response = self.request(API_VERSIONS, 0, {})
         if response["error_code"]:
@@ -217,8 +496,12 @@ class BrokerConnection:
         answer = self.request(SASL_HANDSHAKE, 1, {"mechanism": mechanism})
         if answer["error_code"]:
             raise AuthenticationError(
-                f"broker refused SASL mechanism {mechanism} (enabled: {answer['mechanisms']})"
+                f"{self.address} does not offer SASL mechanism {mechanism} (enabled: "
+                f"{', '.join(answer['mechanisms']) or 'none'})"
             )
+        if mechanism == "OAUTHBEARER":
+            self._oauthbearer()
+            return
         user, password = s.sasl_username or "", s.sasl_password or ""
         if mechanism == "PLAIN":
             self._sasl_round(f"\0{user}\0{password}".encode())
@@ -231,10 +514,35 @@ class BrokerConnection:
         except ScramError as exc:
             raise AuthenticationError(f"SASL {mechanism} failed: {exc}") from exc
 
+    def _oauthbearer(self) -> None:
+        """KIP-255: the client-first message with the token; an empty answer is success.
+        A non-empty one is the broker's error (a JSON object, RFC 7628 3.2.2): the client
+        answers a lone kvsep, and the broker then fails the authentication."""
+        try:
+            token = self._settings.oauth_token()
+        except OAuthBearerError as exc:
+            raise AuthenticationError(f"SASL OAUTHBEARER: {exc}") from exc
+        challenge = self._sasl_round(client_first_message(token))
+        if not challenge:
+            return
+        self._settings.forget_oauth_token()
+        detail = challenge.decode("utf-8", "replace")
+        try:
+            self._sasl_round(b"\x01")
+        except AuthenticationError as exc:
+            raise AuthenticationError(
+                f"SASL OAUTHBEARER: {self.address} refused the token from oauth_cb: {detail} "
+                f"({exc})"
+            ) from exc
+        raise AuthenticationError(
+            f"SASL OAUTHBEARER: {self.address} refused the token from oauth_cb: {detail}"
+        )
+
     def _sasl_round(self, token: bytes) -> bytes:
         answer = self.request(SASL_AUTHENTICATE, 1, {"auth_bytes": token})
         if answer["error_code"]:
             raise AuthenticationError(
-                f"SASL authentication failed: {answer['error_message'] or answer['error_code']}"
+                f"SASL authentication with {self.address} failed: "
+                f"{answer['error_message'] or answer['error_code']}"
             )
         return bytes(answer["auth_bytes"] or b"")

@@ -39,6 +39,17 @@ log = logging.getLogger("kafka_txn.producer")
 # to 1 s, plus jitter so that many producers do not retry in step.
 _WAIT = tenacity.wait_exponential(multiplier=0.05, max=1.0) + tenacity.wait_random(0, 0.05)
 
+
+def _wait_until(deadline: float) -> Callable[[tenacity.RetryCallState], float]:
+    """``_WAIT``, cut short at ``deadline``: a pause never outlasts the call's budget
+    (tenacity's stop_after_delay is checked before the pause, not after it)."""
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        return min(_WAIT(state), max(0.0, deadline - time.monotonic()))
+
+    return wait
+
+
 Serializer = Callable[[Any, SerializationContext], bytes | None]
 
 
@@ -158,7 +169,7 @@ class Driver:
                 retrying = tenacity.Retrying(
                     retry=tenacity.retry_if_exception(_is_retriable),
                     stop=tenacity.stop_after_delay(max(0.0, deadline - time.monotonic())),
-                    wait=_WAIT,
+                    wait=_wait_until(deadline),
                     sleep=self._sleep,
                     reraise=True,
                 )

@@ -95,6 +95,14 @@ def _load() -> ctypes.CDLL:
     lib.rd_kafka_mock_coordinator_set.argtypes = [vp, cp, cp, ctypes.c_int32]
     lib.rd_kafka_mock_broker_set_down.argtypes = [vp, ctypes.c_int32]
     lib.rd_kafka_mock_broker_set_up.argtypes = [vp, ctypes.c_int32]
+    i16 = ctypes.c_int16
+    lib.rd_kafka_mock_set_apiversion.argtypes = [vp, i16, i16, i16]
+    lib.rd_kafka_mock_start_request_tracking.argtypes = [vp]
+    lib.rd_kafka_mock_get_requests.restype = ctypes.POINTER(vp)
+    lib.rd_kafka_mock_get_requests.argtypes = [vp, ctypes.POINTER(ctypes.c_size_t)]
+    lib.rd_kafka_mock_request_api_key.restype = i16
+    lib.rd_kafka_mock_request_api_key.argtypes = [vp]
+    lib.rd_kafka_mock_request_destroy_array.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t]
     return lib
 
 
@@ -149,6 +157,34 @@ class MockCluster:
         lib = self._lib
         fn = lib.rd_kafka_mock_broker_set_down if down else lib.rd_kafka_mock_broker_set_up
         fn(self._cluster, broker_id)
+
+    def set_api_version(self, api: ApiKey | int, min_version: int, max_version: int) -> None:
+        """Announce only versions ``min_version``..``max_version`` of ``api`` in the
+        brokers' ApiVersions answers (-1, -1: not at all), as an older or stripped-down
+        broker would. A client learns it when it next connects to a broker."""
+        err = self._lib.rd_kafka_mock_set_apiversion(
+            self._cluster, int(api), min_version, max_version
+        )
+        if err:
+            raise RuntimeError(f"rd_kafka_mock_set_apiversion({int(api)}) failed: error {err}")
+
+    def track_requests(self) -> None:
+        """Start counting the requests the cluster receives (see ``requests``)."""
+        self._lib.rd_kafka_mock_start_request_tracking(self._cluster)
+
+    def requests(self, api: ApiKey | int) -> int:
+        """How many requests of ``api`` the brokers received since ``track_requests()``
+        (each retry of a request counts): how often a client really tried."""
+        count = ctypes.c_size_t()
+        array = self._lib.rd_kafka_mock_get_requests(self._cluster, ctypes.byref(count))
+        try:
+            return sum(
+                1
+                for i in range(count.value)
+                if self._lib.rd_kafka_mock_request_api_key(array[i]) == int(api)
+            )
+        finally:
+            self._lib.rd_kafka_mock_request_destroy_array(array, count.value)
 
     def close(self) -> None:
         """Stop the cluster's threads and free it; idempotent."""

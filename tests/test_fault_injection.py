@@ -17,6 +17,7 @@ from kafka_txn import (
     ProduceFailedException,
     ProducerFencedError,
     TransactionalProducer,
+    TransactionOutcomeUnknownError,
 )
 from kafka_txn.testing import ApiKey
 
@@ -194,4 +195,105 @@ def test_full_queue_waits_for_room_then_fails_the_record(mock_cluster, mock_conf
     for broker_id in (1, 2, 3):
         mock_cluster.set_broker_down(broker_id, down=False)
     p.abort_transaction()
+    p.close()
+
+
+# ---------------------------------------------------------------- deadlines and retries
+def _in_flight_commit(mock_config, sleep=time.sleep) -> TransactionalProducer:
+    """A producer whose transaction holds a delivered record, so that its commit needs
+    EndTxn from the coordinator."""
+    p = TransactionalProducer(mock_config(), operation_timeout=30, sleep=sleep)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", b"v", partition=0).result(timeout=10)
+    return p
+
+
+@pytest.mark.parametrize("fault", ["brokers_down", "coordinator_loading"])
+def test_commit_outlasting_its_deadline_is_unknown_and_never_aborted(
+    mock_cluster, mock_config, fault
+):
+    """The coordinator cannot be reached (every broker down) or keeps answering EndTxn
+    with a retriable error: commit_transaction(timeout=1) raises
+    TransactionOutcomeUnknownError after retrying EndTxn until then (counted at the
+    brokers), abort_transaction() is refused (the broker may have committed) and changes
+    nothing, and commit_transaction() called again once the coordinator answers commits."""
+    mock_cluster.create_topic("t", partitions=1)
+    mock_cluster.track_requests()
+    p = _in_flight_commit(mock_config)
+    if fault == "brokers_down":
+        for broker_id in (1, 2, 3):
+            mock_cluster.set_broker_down(broker_id)
+    else:
+        mock_cluster.push_request_errors(
+            ApiKey.END_TXN, *[KafkaError.COORDINATOR_LOAD_IN_PROGRESS] * 1000
+        )
+    with pytest.raises(TransactionOutcomeUnknownError) as info:
+        p.commit_transaction(timeout=1.0)
+    assert info.value.operation == "commit_transaction"
+    assert info.value.category is ErrorCategory.RETRIABLE
+    assert "do not abort" in str(info.value)
+    tried = mock_cluster.requests(ApiKey.END_TXN)
+    if fault == "coordinator_loading":
+        assert tried > 1, "EndTxn was not retried"  # librdkafka retries until the deadline
+    assert p.state == "committing"
+    with pytest.raises(IllegalStateError, match="never abort"):
+        p.abort_transaction()
+    assert p.state == "committing" and p.in_transaction
+    if fault == "brokers_down":
+        for broker_id in (1, 2, 3):
+            mock_cluster.set_broker_down(broker_id, down=False)
+    else:
+        mock_cluster.clear_request_errors(ApiKey.END_TXN)
+    p.commit_transaction()  # the same commit, resumed: not a new transaction
+    assert p.state == "ready"
+    assert mock_cluster.requests(ApiKey.END_TXN) > tried
+    assert mock_cluster.requests(ApiKey.INIT_PRODUCER_ID) == 1  # never re-initialised
+    p.close()
+
+
+def test_retriable_errors_are_retried_with_backoff_until_operation_timeout(
+    mock_cluster, mock_config, txn_id
+):
+    """kafka-txn's own retry loop (tenacity, kafka_txn/_librdkafka.py), which runs when
+    librdkafka hands back a retriable error before the call's deadline (librdkafka
+    retries coordinator errors itself until then: rdkafka_txnmgr.c). Here its EndTxn is
+    refused locally at once, because the coordinator does not announce EndTxn
+    (_UNSUPPORTED_FEATURE, flagged retriable): each try is counted by the injected
+    sleep between tries. The pauses grow exponentially from 50 ms, none runs past
+    operation_timeout, and then TransactionOutcomeUnknownError is raised. Once the
+    coordinator announces EndTxn again (after a reconnect), the same loop commits."""
+    mock_cluster.create_topic("t", partitions=1)
+    mock_cluster.set_coordinator("transaction", txn_id, 1)
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        time.sleep(seconds)
+
+    p = TransactionalProducer(mock_config(), operation_timeout=2.0, sleep=sleep)
+    mock_cluster.set_api_version(ApiKey.END_TXN, -1, -1)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", b"v", partition=0).result(timeout=10)
+    with pytest.raises(TransactionOutcomeUnknownError) as info:
+        p.commit_transaction()
+    assert info.value.kafka_error.code() == KafkaError._UNSUPPORTED_FEATURE
+    assert "within 2s" in str(info.value)
+    # Tried len(pauses) + 1 times, with exponential backoff (tenacity's
+    # wait_exponential(0.05, max=1) plus up to 50 ms of jitter); the last pause may be
+    # cut short by the deadline, and no pause runs past it.
+    assert len(pauses) >= 3, pauses
+    for attempt, pause in enumerate(pauses[:-1]):
+        base = min(0.05 * 2**attempt, 1.0)
+        assert base <= pause <= base + 0.05, (attempt, pauses)
+    assert sum(pauses) <= 2.0, pauses
+    with pytest.raises(IllegalStateError):
+        p.abort_transaction()
+    # The coordinator announces EndTxn again; librdkafka learns it on reconnecting.
+    mock_cluster.set_api_version(ApiKey.END_TXN, 0, 3)
+    mock_cluster.set_broker_down(1)
+    mock_cluster.set_broker_down(1, down=False)
+    p.commit_transaction(timeout=60)
+    assert p.state == "ready"
     p.close()

@@ -172,7 +172,7 @@ SECURITY_KEYS: Final[Mapping[str, KeyRule]] = {
     ),
     "enable.sasl.oauthbearer.unsecure.jwt": _refused(
         "librdkafka's unsecured development JWTs are not made by the coordinator "
-        "client: give an `oauth_cb` (with one, librdkafka ignores this setting too)",
+        "client: give an `oauth_cb` instead (librdkafka refuses the two together)",
         default="false",
     ),
     "oauthbearer_token_refresh_cb": _refused(_ONLY_C + ": use confluent-kafka's `oauth_cb`"),

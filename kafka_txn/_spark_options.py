@@ -12,8 +12,9 @@ from typing import Any, Final
 
 from sqlalchemy import Engine
 
-from .dualwrite import validate_seconds
+from .dualwrite import database_url, validate_seconds
 from .errors import ConfigurationError
+from .jdbc import redact_jdbc_url, redact_settings
 
 StepHook = Callable[[str, int, int, int], None]
 """``hook(step, batch_id, partition, attempt)``, called after each DualWriter step in the
@@ -81,9 +82,10 @@ _ISOLATION: Final = {
 _SQLITE_ISOLATION: Final = ("SERIALIZABLE",)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SinkOptions:
-    """The sink's settings, validated."""
+    """The sink's settings, validated (the URL's parameters too: on the driver, before a
+    task runs)."""
 
     transactional_id_prefix: str
     url: str
@@ -99,6 +101,18 @@ class SinkOptions:
     on_step: StepHook | None = None
     start_over: bool = False
     lock_timeout: float | None = 30.0
+
+    def __repr__(self) -> str:
+        # No secret in a repr: the URL through redact_jdbc_url, Kafka's password-like
+        # settings (sasl.password, ...) masked, the database password shown as ***.
+        shown = {
+            name: redact_jdbc_url(value) if name == "url"
+            else redact_settings(value) if name == "kafka"
+            else "***" if name == "password" and value is not None
+            else value
+            for name, value in vars(self).items()
+        }  # fmt: skip
+        return f"SinkOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @classmethod
     def build(cls, keywords: Mapping[str, Any], options: Mapping[str, Any] | None) -> SinkOptions:
@@ -159,6 +173,9 @@ class SinkOptions:
         url, dbtable = given.get("url"), given.get("dbtable")
         if not url or not dbtable:
             raise ConfigurationError("the sink needs url= (a JDBC URL) and dbtable=")
+        # Parsed now, on the driver: an unsupported or malformed parameter fails here,
+        # not inside every task. Each executor parses the same URL again.
+        database_url(str(url), given.get("user"), given.get("password"))
         size = _integer(given.get("insert_batch_size", 1000), "insert_batch_size (batchsize)")
         if size < 1:
             raise ConfigurationError(f"insert_batch_size (batchsize) must be >= 1, not {size}")

@@ -80,7 +80,7 @@ from .errors import (
     TransactionOutcomeUnknowableError,
     root_exception,
 )
-from .jdbc import jdbc_to_sqlalchemy
+from .jdbc import jdbc_to_sqlalchemy, redact_jdbc_url
 from .producer import TransactionalProducer
 from .recovery import TransactionOutcome
 from .state import MAX_SERIALIZED_LENGTH, PreparedTxnState
@@ -127,27 +127,35 @@ def _owner_token() -> str:
     return socket.gethostname()[: _OWNER_LENGTH - len(suffix)] + suffix
 
 
+def database_url(database: str | URL, user: str | None, password: str | None) -> URL:
+    """The SQLAlchemy URL for a JDBC URL (parameters mapped and checked, see
+    ``kafka_txn.jdbc``) or a SQLAlchemy URL. Errors show the URL redacted."""
+    if isinstance(database, URL):
+        return database
+    if isinstance(database, str) and database.startswith("jdbc:"):
+        return jdbc_to_sqlalchemy(database, user=user, password=password)
+    if isinstance(database, str):
+        try:
+            url = make_url(database)
+        except Exception as exc:
+            # Neither the URL nor the parser's message (it may quote a part of the URL).
+            raise ConfigurationError(
+                f"database {redact_jdbc_url(database)!r} is neither a JDBC URL nor a "
+                f"SQLAlchemy URL ({type(exc).__name__})"
+            ) from None
+        if user is not None or password is not None:
+            url = url.set(username=user or url.username, password=password or url.password)
+        return url
+    raise ConfigurationError(
+        f"database must be a JDBC URL, a SQLAlchemy URL or Engine, got {type(database)}"
+    )
+
+
 def engine_for(database: str | URL | Engine, user: str | None, password: str | None) -> Engine:
     """A SQLAlchemy Engine for a JDBC URL, a SQLAlchemy URL or an Engine (returned as is)."""
     if isinstance(database, Engine):
         return database
-    if isinstance(database, URL):
-        url = database
-    elif isinstance(database, str) and database.startswith("jdbc:"):
-        url = jdbc_to_sqlalchemy(database, user=user, password=password)
-    elif isinstance(database, str):
-        try:
-            url = make_url(database)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"database {database!r} is neither a JDBC URL nor a SQLAlchemy URL: {exc}"
-            ) from None
-        if user is not None or password is not None:
-            url = url.set(username=user or url.username, password=password or url.password)
-    else:
-        raise ConfigurationError(
-            f"database must be a JDBC URL, a SQLAlchemy URL or Engine, got {type(database)}"
-        )
+    url = database_url(database, user, password)
     kwargs: dict[str, Any] = {}
     if url.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 30}  # wait for the other writer's lock
@@ -685,6 +693,22 @@ class DualWriter:
         """The bound on every wait for the state-row lock, in seconds (None: unbounded
         here, the database's own setting)."""
         return self._row.lock_timeout
+
+    def __repr__(self) -> str:
+        # The URL through redact_jdbc_url: Engine.url hides its password, not a
+        # password-like query parameter (libpq's sslpassword, say). No producer settings.
+        engine = getattr(self, "engine", None)
+        url = None if engine is None else engine.url.render_as_string(hide_password=True)
+        state = (
+            "broken" if getattr(self, "_broken", None) is not None
+            else "started" if getattr(self, "_started", False)
+            else "not started"
+        )  # fmt: skip
+        return (
+            f"DualWriter(transactional_id={getattr(self, 'transactional_id', None)!r}, "
+            f"database={redact_jdbc_url(url)!r}, owner={getattr(self, 'owner', None)!r}, "
+            f"{state})"
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> TransactionOutcome:

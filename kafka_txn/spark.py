@@ -49,6 +49,7 @@ from ._spark_mapping import Mapping as RowMapping
 from ._spark_mapping import qualified_table
 from ._spark_options import SinkOptions, StepHook, with_isolation
 from .dualwrite import DualWriter, engine_for, validate_identifier
+from .jdbc import redact_jdbc_url, redact_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -128,6 +129,16 @@ class KafkaJdbcSink:
     @property
     def dbtable(self) -> str:
         return self.options.dbtable
+
+    def __repr__(self) -> str:
+        # Secrets stay out: the URL redacted (redact_jdbc_url), Kafka's password-like
+        # settings masked, the database password not shown.
+        o = self.options
+        return (
+            f"KafkaJdbcSink(transactional_id_prefix={o.transactional_id_prefix!r}, "
+            f"url={redact_jdbc_url(o.url)!r}, dbtable={o.dbtable!r}, topic={o.topic!r}, "
+            f"kafka={redact_settings(o.kafka)!r})"
+        )
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch`` entry point."""

@@ -144,7 +144,7 @@ def _postgres(base: str, run: str) -> Iterator[Database]:
     try:
         yield Database(
             "postgresql",
-            f"{base}{'&' if '?' in base else '?'}application_name={app}",
+            f"{base}{'&' if '?' in base else '?'}ApplicationName={app}",  # pgJDBC's name
             admin,
             lambda conn: list(
                 conn.execute(

@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
-from hypothesis import given
-from hypothesis import strategies as st
 from sqlalchemy import Column, DateTime, MetaData, String, Table, create_engine, event, select, text
 
 from kafka_txn import (
@@ -633,62 +631,6 @@ def test_sql_identifiers_are_validated(name, broker, tmp_path):
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "t"}
     with pytest.raises(ConfigurationError, match="state_table"):
         DualWriter(conf, f"jdbc:sqlite:{tmp_path}/x.db", state_table=name)
-
-
-# ---------------------------------------------------------------- JDBC URLs
-@pytest.mark.parametrize(
-    ("jdbc", "expected"),
-    [
-        ("jdbc:postgresql://db.example:5433/app?user=u&password=p%40ss&sslmode=require",
-         "postgresql+psycopg://u:***@db.example:5433/app?sslmode=require"),
-        ("jdbc:postgresql://h/app", "postgresql+psycopg://h:5432/app"),
-        ("jdbc:mysql://h:3307/app?user=root", "mysql+pymysql://root@h:3307/app"),
-        ("jdbc:mariadb://h/app?user=root&password=", "mysql+pymysql://root:***@h:3306/app"),
-        ("jdbc:postgresql://[::1]:5432/app", "postgresql+psycopg://[::1]:5432/app"),
-        ("jdbc:sqlite:/var/data/app.db", "sqlite:////var/data/app.db"),
-        ("jdbc:sqlite:rel.db", "sqlite:///rel.db"),
-        ("jdbc:sqlite::memory:", "sqlite://"),
-    ],
-)  # fmt: skip
-def test_jdbc_urls_map_to_sqlalchemy(jdbc, expected):
-    assert jdbc_to_sqlalchemy(jdbc).render_as_string(hide_password=True) == expected
-
-
-def test_jdbc_credentials_from_arguments_win():
-    url = jdbc_to_sqlalchemy("jdbc:postgresql://h/app?user=a&password=b", user="c", password="d")
-    assert (url.username, url.password) == ("c", "d")
-
-
-@pytest.mark.parametrize(
-    ("jdbc", "needle"),
-    [
-        ("postgresql://h/app", "does not start with 'jdbc:'"),
-        ("jdbc:oracle:thin:@h:1521:x", "unsupported subprotocol 'oracle'"),
-        ("jdbc:postgresql:h/app", "expected jdbc:postgresql://host"),
-        ("jdbc:postgresql://h", "exactly one database"),
-        ("jdbc:postgresql://h/a/b", "exactly one database"),
-        ("jdbc:postgresql://h:notaport/app", "bad host or port"),
-        ("jdbc:postgresql:///app", "no host"),
-        ("jdbc:postgresql://u:p@h/app", "credentials"),
-        ("jdbc:sqlite://h/x", "SQLite takes a file path"),
-        ("jdbc:postgresql://h/app\nDROP", "control character"),
-        ("jdbc", "does not start with 'jdbc:'"),
-    ],
-)
-def test_bad_jdbc_urls_say_what_and_list_the_supported(jdbc, needle):
-    with pytest.raises(ConfigurationError) as info:
-        jdbc_to_sqlalchemy(jdbc)
-    assert needle in str(info.value)
-    assert "jdbc:postgresql://" in str(info.value)  # the list of what is supported
-
-
-@given(st.text(max_size=120))
-def test_fuzz_jdbc_parser_raises_only_configuration_error(text_):
-    try:
-        url = jdbc_to_sqlalchemy("jdbc:" + text_)
-    except ConfigurationError:
-        return
-    assert url.drivername in ("postgresql+psycopg", "mysql+pymysql", "sqlite")
 
 
 def test_unsupported_database_and_missing_driver_are_clear(broker):

@@ -181,8 +181,11 @@ def _describe_id(
         # Kafka (or not TLS where security.protocol says so) fails at once, and its
         # error already says what it is and what to check.
         if time.monotonic() - started < 0.9 * budget:
+            detail = _one_line(str(exc))
+            # The connection layer's message names the address it reached; say it once.
             raise _CommandError(
-                EXIT_FAILED, f"{servers} is not a usable Kafka broker: {_one_line(str(exc))}"
+                EXIT_FAILED,
+                f"{servers} is not a usable Kafka broker: {detail.removeprefix(f'{servers} ')}",
             ) from exc
         raise _CommandError(
             EXIT_FAILED,

@@ -654,6 +654,7 @@ def test_a_port_that_is_not_kafka_says_so_in_one_line(server, request):
     line = _one_line(done.stderr)
     assert line.startswith(f"kafka-txn: error: 127.0.0.1:{port} is not a usable Kafka broker: ")
     assert "does not speak the Kafka protocol" in line and "response size" not in line
+    assert line.count(f"127.0.0.1:{port}") == 1, line  # the address, said once
     assert elapsed < 20  # not retried until the timeout
 
 

@@ -244,6 +244,17 @@ def _mysql_character_encoding(value: str) -> dict[str, str]:
     return {"charset": charset}
 
 
+def _mysql_use_unicode(value: str) -> dict[str, str]:
+    # Connector/J's default, and in nearly every URL copied from a Spark job; PyMySQL
+    # always decodes to str, so true asks for nothing. false (bytes) has no equivalent.
+    if not _flag("useUnicode", value):
+        raise ConfigurationError(
+            "useUnicode=false has no equivalent here: PyMySQL always decodes text; remove "
+            "the parameter"
+        )
+    return {}
+
+
 _PYMYSQL_MAX_TIMEOUT: Final = 31_536_000  # seconds; PyMySQL refuses more (and 0)
 
 
@@ -259,6 +270,7 @@ _MYSQL_PARAMS: Final[dict[str, tuple[str, _Mapper]]] = {
     "sslmode": ("sslMode", _mysql_ssl_mode),
     "servertimezone": ("serverTimezone", _mysql_server_timezone),
     "characterencoding": ("characterEncoding", _mysql_character_encoding),
+    "useunicode": ("useUnicode", _mysql_use_unicode),
     "connecttimeout": ("connectTimeout", _mysql_connect_timeout),
 }
 

@@ -152,6 +152,7 @@ def test_other_host_forms_are_not_supported(jdbc, needle):
         ("jdbc:mariadb://h/d?sslMode=verify-ca", {"ssl_verify_cert": "true"}),
         ("jdbc:mysql://h/d?serverTimezone=UTC", {"init_command": "SET time_zone = '+00:00'"}),
         ("jdbc:mysql://h/d?characterEncoding=UTF-8", {"charset": "utf8mb4"}),
+        ("jdbc:mysql://h/d?useUnicode=true&characterEncoding=UTF-8", {"charset": "utf8mb4"}),
         ("jdbc:mysql://h/d?characterEncoding=utf8", {"charset": "utf8mb4"}),
         ("jdbc:mysql://h/d?characterEncoding=ISO-8859-1", {"charset": "latin1"}),
         ("jdbc:mysql://h/d?characterEncoding=US-ASCII", {"charset": "ascii"}),
@@ -222,9 +223,10 @@ def test_bad_parameter_values_are_refused_with_the_accepted_ones(jdbc, needles):
         (f"jdbc:postgresql://h/d?user=u&password={SECRET}&options=-c%20x%3Dy&loginTimeout=3",
          ["'options'", "'loginTimeout'"],
          "user, password, ssl, sslmode, currentSchema, ApplicationName, connectTimeout"),
-        (f"jdbc:mysql://h/d?useUnicode=true&trustStorePassword={SECRET}&password={SECRET}",
-         ["'useUnicode'", "'trustStorePassword'"],
-         "user, password, useSSL, sslMode, serverTimezone, characterEncoding, connectTimeout"),
+        (f"jdbc:mysql://h/d?rewriteBatchedStatements=true&trustStorePassword={SECRET}"
+         f"&password={SECRET}", ["'rewriteBatchedStatements'", "'trustStorePassword'"],
+         "user, password, useSSL, sslMode, serverTimezone, characterEncoding, useUnicode, "
+         "connectTimeout"),
         ("jdbc:mariadb://h/d?useSSL=false&application_name=x", ["'application_name'"],
          "useSSL, sslMode, serverTimezone"),
         ("jdbc:postgresql://h/d?serverTimezone=UTC", ["'serverTimezone'"], "currentSchema"),
@@ -411,7 +413,7 @@ def test_fuzz_mutated_valid_urls_succeed_or_fail_clearly_never_leaking(case):
     hostport = host + (f":{port}" if port is not None else "")
     expect: str | None = None
     if mutation == "unknown":
-        pairs.append("useUnicode=true" if scheme != "postgresql" else "prepareThreshold=0")
+        pairs.append("useCursorFetch=true" if scheme != "postgresql" else "prepareThreshold=0")
         expect = "unsupported parameter(s)"
     elif mutation == "bad_value":
         pairs.append("connectTimeout=soon")

@@ -3,12 +3,18 @@
 A facade over confluent-kafka's transactional producer with the KIP-691 error model:
 fatal errors close the producer, abortable errors abort the transaction,
 ``commit_transaction()`` raises ``CommitFailedException`` for every non-fatal failure,
-and every record failure carries a ``FailureType``.
+and every record failure carries a ``FailureType``. Names that need an optional extra
+(``DualWriter``, ``DualWriteTransaction`` and ``jdbc_to_sqlalchemy``: ``[sql]``;
+``KafkaJdbcSink``: ``[spark]``) are imported on first use; without their extra, using
+one raises an ImportError naming the ``pip install`` command, and ``from kafka_txn
+import *`` leaves them out.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from . import _logging  # noqa: F401 - a NullHandler: silent unless logging is configured
+from ._extras import installed, missing_extra
 from .classification import ERROR_TABLE, ErrorRule, classify
 from .config import ProducerSettings
 from .errors import (
@@ -39,27 +45,34 @@ from .state import PreparedTxnState
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:  # the real types for type checkers; at run time, __getattr__ below
+    from .dualwrite import DualWriter, DualWriteTransaction
+    from .jdbc import jdbc_to_sqlalchemy
+    from .spark import KafkaJdbcSink
+
 _OPTIONAL = {
     "DualWriter": ("kafka_txn.dualwrite", "sql"),
     "DualWriteTransaction": ("kafka_txn.dualwrite", "sql"),
     "jdbc_to_sqlalchemy": ("kafka_txn.jdbc", "sql"),
     "KafkaJdbcSink": ("kafka_txn.spark", "spark"),
 }
+"""Public names whose module needs an optional extra: (module, extra)."""
 
 
-def __getattr__(name: str) -> object:
-    """Names whose modules need an optional extra, imported on first use."""
-    if name not in _OPTIONAL:
-        raise AttributeError(f"module 'kafka_txn' has no attribute {name!r}")
-    module, extra = _OPTIONAL[name]
-    try:
-        imported = importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"kafka_txn.{name} needs an optional dependency ({exc.name}): "
-            f"pip install 'kafka-txn[{extra}]'"
-        ) from exc
-    return getattr(imported, name)
+if not TYPE_CHECKING:  # hidden from type checkers: they would type any name as object
+
+    def __getattr__(name: str) -> object:
+        """Names whose modules need an optional extra, imported on first use."""
+        if name not in _OPTIONAL:
+            raise AttributeError(f"module 'kafka_txn' has no attribute {name!r}")
+        module, extra = _OPTIONAL[name]
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as exc:
+            if f"pip install 'kafka-txn[{extra}]'" in str(exc):
+                raise  # the module named the extra already
+            raise missing_extra(f"kafka_txn.{name}", extra, exc) from exc
+        return getattr(imported, name)
 
 
 __all__ = [
@@ -98,3 +111,9 @@ __all__ = [
     "classify",
     "jdbc_to_sqlalchemy",
 ]
+
+if not TYPE_CHECKING:
+    # A star import takes every name of __all__: leave out the names whose extra is not
+    # installed, so that `from kafka_txn import *` works without extras (each of those
+    # names still raises an ImportError naming its extra when used explicitly).
+    __all__ = [n for n in __all__ if n not in _OPTIONAL or installed(_OPTIONAL[n][1])]

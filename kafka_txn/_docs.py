@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from . import errors
+from . import _OPTIONAL, errors
 from .classification import render_markdown
 from .lifecycle import ALLOWED, State, render_mermaid
 
@@ -92,6 +92,19 @@ def _signature(obj: object) -> str:
         return ""
 
 
+def _optional_names() -> str:
+    """The paragraph on the names of ``kafka_txn`` that need an extra, from its table."""
+    by_extra: dict[str, list[str]] = {}
+    for public, (_, extra) in _OPTIONAL.items():
+        by_extra.setdefault(extra, []).append(f"`{public}`")
+    listed = "; ".join(f"{', '.join(names)}: `[{extra}]`" for extra, names in by_extra.items())
+    return (
+        f"Names that need an optional extra ({listed}) are imported on first use. Without "
+        "their extra, using one raises an ImportError naming the `pip install` command, "
+        "and `from kafka_txn import *` leaves them out (everything else works)."
+    )
+
+
 def render_api() -> str:
     """docs/api.md: every public name with its signature and the first paragraph of its
     docstring; classes with their public methods."""
@@ -105,6 +118,8 @@ def render_api() -> str:
     for name in API_MODULES:
         module = importlib.import_module(name)
         out += [f"## `{name}`", "", _summary(module), ""]
+        if name == "kafka_txn":
+            out += [_optional_names(), ""]
         for public in getattr(module, "__all__", ()):
             obj = getattr(module, public)
             if name != "kafka_txn" and getattr(obj, "__module__", name) != name:
@@ -112,13 +127,17 @@ def render_api() -> str:
             if inspect.isclass(obj) or inspect.isfunction(obj):
                 out.append(f"### `{public}{_signature(obj)}`")
                 out += ["", _summary(obj) or "(no docstring)", ""]
-                if inspect.isclass(obj) and not issubclass(obj, BaseException):
-                    for meth_name, meth in inspect.getmembers(obj):
-                        if meth_name.startswith("_") or not callable(meth):
-                            continue
-                        if meth_name in vars(obj):
-                            out.append(f"- `{meth_name}{_signature(meth)}`: {_summary(meth)}")
-                    out.append("")
+                if inspect.isclass(obj):
+                    methods = [
+                        f"- `{meth_name}{_signature(meth)}`: {_summary(meth)}"
+                        for meth_name, meth in inspect.getmembers(obj)
+                        if not meth_name.startswith("_")
+                        and callable(meth)
+                        and meth_name in vars(obj)
+                    ]
+                    # Exceptions only when they have methods of their own (KafkaTxnError).
+                    if methods or not issubclass(obj, BaseException):
+                        out += [*methods, ""]
             else:
                 shown = repr(obj) if hasattr(obj, "__origin__") else type(obj).__name__
                 out += [f"### `{public}`", "", f"`{shown}`", ""]

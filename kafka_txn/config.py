@@ -9,11 +9,12 @@ librdkafka itself when the producer is built, and translated to the same error.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigurationError
 
@@ -56,27 +57,82 @@ _FALSE = {"false", "0", "no", "off"}
 
 
 class ProducerSettings(BaseModel):
-    """Typed producer settings. Field names are librdkafka's with ``_`` for ``.``; any
-    other librdkafka property goes in ``extra`` under its librdkafka name."""
+    """Typed producer settings. Field names are librdkafka's with ``_`` for ``.`` (the
+    librdkafka names are accepted too); any other librdkafka property goes in ``extra``
+    under its librdkafka name. Bad input raises ``ConfigurationError`` naming the field
+    and the fix, from the constructor and from ``model_validate``/``model_validate_json``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    bootstrap_servers: str = Field(alias="bootstrap.servers", min_length=1)
-    transactional_id: str = Field(alias="transactional.id", min_length=1, max_length=32767)
-    transaction_timeout_ms: int = Field(
-        DEFAULT_TRANSACTION_TIMEOUT_MS, alias="transaction.timeout.ms", ge=1000
+    # validation_alias, not alias: type checkers name __init__'s parameters after a
+    # field's ``alias`` (PEP 681), and "bootstrap.servers" is no keyword argument.
+    bootstrap_servers: str = Field(
+        validation_alias="bootstrap.servers",
+        serialization_alias="bootstrap.servers",
+        min_length=1,
     )
-    two_phase_commit: bool = Field(False, alias="transaction.two.phase.commit.enable")
+    transactional_id: str = Field(
+        validation_alias="transactional.id",
+        serialization_alias="transactional.id",
+        min_length=1,
+        max_length=32767,
+    )
+    transaction_timeout_ms: int = Field(
+        default=DEFAULT_TRANSACTION_TIMEOUT_MS,
+        validation_alias="transaction.timeout.ms",
+        serialization_alias="transaction.timeout.ms",
+        ge=1000,
+    )
+    two_phase_commit: bool = Field(
+        default=False,
+        validation_alias=TWO_PHASE_COMMIT_KEY,
+        serialization_alias=TWO_PHASE_COMMIT_KEY,
+    )
     """KIP-939's client setting: allow prepare_transaction() and recovery."""
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: Mapping[str, Any] = Field(default_factory=dict)
 
     @field_validator("extra")
     @classmethod
-    def _extra_keys_are_strings(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _extra_keys_are_strings(cls, value: Mapping[str, Any]) -> Mapping[str, Any]:
         for key in value:
             if not isinstance(key, str) or not key:
                 raise ValueError(f"extra has a key {key!r} that is not a librdkafka name")
         return value
+
+    if not TYPE_CHECKING:  # type checkers keep the field-by-field __init__ (PEP 681)
+
+        def __init__(self, /, **data: Any) -> None:
+            try:
+                super().__init__(**data)
+            except ValidationError as exc:
+                raise _settings_error(exc) from None
+
+        @classmethod
+        def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> ProducerSettings:
+            """pydantic's ``model_validate``, raising ``ConfigurationError`` instead of
+            pydantic's ``ValidationError``."""
+            try:
+                return super().model_validate(obj, *args, **kwargs)
+            except ValidationError as exc:
+                raise _settings_error(exc) from None
+
+        @classmethod
+        def model_validate_json(cls, data: Any, *args: Any, **kwargs: Any) -> ProducerSettings:
+            """pydantic's ``model_validate_json``, raising ``ConfigurationError`` instead of
+            pydantic's ``ValidationError``."""
+            try:
+                return super().model_validate_json(data, *args, **kwargs)
+            except ValidationError as exc:
+                raise _settings_error(exc) from None
+
+        @classmethod
+        def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> ProducerSettings:
+            """pydantic's ``model_validate_strings``, raising ``ConfigurationError`` instead of
+            pydantic's ``ValidationError``."""
+            try:
+                return super().model_validate_strings(obj, *args, **kwargs)
+            except ValidationError as exc:
+                raise _settings_error(exc) from None
 
     def to_librdkafka(self) -> dict[str, Any]:
         """The librdkafka configuration dict these settings stand for."""
@@ -87,6 +143,91 @@ class ProducerSettings(BaseModel):
         if self.two_phase_commit:
             conf[TWO_PHASE_COMMIT_KEY] = True
         return conf
+
+
+_SETTINGS_FIXES: dict[str, str] = {
+    "bootstrap_servers": "set it to 'host:port[,host:port...]'",
+    "transactional_id": (
+        "set it to a name of 1 to 32767 characters that is stable across restarts of "
+        "this producer (e.g. 'orders-writer-0'); it is what fences zombies"
+    ),
+    "transaction_timeout_ms": (
+        "use a whole number of milliseconds, at least 1000, and more than your longest transaction"
+    ),
+    "two_phase_commit": "use True or False",
+    "extra": (
+        "pass the other librdkafka properties as a dict keyed by their librdkafka "
+        "names, e.g. extra={'linger.ms': 5}"
+    ),
+}
+"""What to do about a bad value of each ProducerSettings field."""
+
+_SHOWN_VALUES = frozenset({"bootstrap_servers", "transaction_timeout_ms", "two_phase_commit"})
+"""Fields whose bad value an error may repeat (never ``extra``: it may hold secrets)."""
+
+
+def _field_of(key: object) -> str | None:
+    """The ProducerSettings field that ``key`` (a field name or librdkafka name) names."""
+    for name, info in ProducerSettings.model_fields.items():
+        if key in (name, info.validation_alias):
+            return name
+    return None
+
+
+def _describe_setting_error(error: Mapping[str, Any]) -> str:
+    """One line about one pydantic error: the field, what is wrong, and the fix."""
+    loc = tuple(error.get("loc", ()))
+    kind = error.get("type", "")
+    if not loc:
+        return (
+            "ProducerSettings takes keyword arguments, or a dict of them, not "
+            f"{type(error.get('input')).__name__}"
+        )
+    if kind == "extra_forbidden":
+        key = str(loc[0])
+        names = [*ProducerSettings.model_fields, *_ALIASES]
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = (
+            f"did you mean {close[0]!r}?"
+            if close
+            else f"a librdkafka property goes in extra={{{key!r}: ...}}"
+        )
+        return f"{key!r} is not a ProducerSettings field: {hint}"
+    field = _field_of(loc[0])
+    if field is None:  # pragma: no cover - every located error names a field
+        return f"{loc[0]}: {error.get('msg', 'invalid')}"
+    alias = ProducerSettings.model_fields[field].validation_alias
+    where = f"{field} ({alias})" if alias else field
+    if kind == "missing":
+        return f"{where} is required: {_SETTINGS_FIXES[field]}"
+    if field == "extra":
+        what = f"{error.get('msg', 'invalid')} (at {'.'.join(map(str, loc[1:])) or 'extra'})"
+        if kind == "value_error":
+            what = str(error.get("ctx", {}).get("error", what))
+        return f"extra: {what}: {_SETTINGS_FIXES[field]}"
+    value = f"={error.get('input')!r}" if field in _SHOWN_VALUES else ""
+    return f"{where}{value}: {error.get('msg', 'invalid')}: {_SETTINGS_FIXES[field]}"
+
+
+def _settings_error(exc: ValidationError) -> ConfigurationError:
+    """pydantic's ValidationError as the one error type this library raises for bad
+    settings, naming each bad field and its fix. pydantic runs ``model_validate`` through
+    a custom ``__init__``, wrapping the ConfigurationError that raised in a
+    ValidationError: that one is returned as it is, so it is never wrapped twice."""
+    errors = exc.errors()
+    for error in errors:
+        inner = error.get("ctx", {}).get("error")
+        if isinstance(inner, ConfigurationError):
+            return inner
+    lines = [_describe_setting_error(error) for error in errors]
+    return ConfigurationError("bad ProducerSettings: " + "; ".join(lines))
+
+
+_ALIASES = tuple(
+    str(info.validation_alias)
+    for info in ProducerSettings.model_fields.values()
+    if info.validation_alias is not None
+)
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,19 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError
+
+from ._extras import missing_extra
+
+try:
+    import sqlalchemy  # noqa: F401 - the [sql] extra is installed
+except ImportError as exc:
+    raise missing_extra("kafka_txn.dualwrite", "sql", exc) from exc
+
 from sqlalchemy import (
     Column,
     DateTime,
@@ -81,7 +89,8 @@ from .errors import (
     root_exception,
 )
 from .jdbc import jdbc_to_sqlalchemy, redact_jdbc_url
-from .producer import TransactionalProducer
+from .metrics import MetricsHook
+from .producer import Serializer, TransactionalProducer
 from .recovery import TransactionOutcome
 from .state import MAX_SERIALIZED_LENGTH, PreparedTxnState
 
@@ -612,7 +621,8 @@ class DualWriter:
 
     ``database`` is a JDBC URL (``jdbc:postgresql://...``, ``jdbc:mysql://...``,
     ``jdbc:mariadb://...``, ``jdbc:sqlite:path``), a SQLAlchemy URL, or an Engine.
-    Producer settings as for ``TransactionalProducer``; two-phase commit is turned on.
+    ``producer_config`` and the producer's keyword arguments (``key_serializer`` to
+    ``sleep``) as for ``TransactionalProducer``; two-phase commit is turned on.
     ``on_step(step)`` is called after each step of ``STEPS``.
 
     ``lock_timeout`` (seconds, default 30; None: the database's own setting) bounds every
@@ -625,7 +635,7 @@ class DualWriter:
 
     def __init__(
         self,
-        producer_config: dict[str, Any] | ProducerSettings,
+        producer_config: Mapping[str, Any] | ProducerSettings,
         database: str | URL | Engine,
         *,
         user: str | None = None,
@@ -639,7 +649,14 @@ class DualWriter:
         lock_timeout: float | None = 30.0,
         mark_completed_after: float | None = 1.0,
         on_step: Callable[[str], None] | None = None,
-        **producer_options: Any,
+        # TransactionalProducer's keyword arguments, passed on as they are:
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
+        operation_timeout: float | None = None,
+        queue_full_timeout: float = 60.0,
+        prepare_min_time_left: float | None = None,
+        metrics: MetricsHook | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         conf = (
             producer_config.to_librdkafka()
@@ -663,7 +680,16 @@ class DualWriter:
             validate_identifier(name, what)
         self._create = create_state_table
         self._on_step = on_step
-        self.producer = TransactionalProducer(conf, **producer_options)  # validates conf
+        self.producer = TransactionalProducer(  # validates conf
+            conf,
+            key_serializer=key_serializer,
+            value_serializer=value_serializer,
+            operation_timeout=operation_timeout,
+            queue_full_timeout=queue_full_timeout,
+            prepare_min_time_left=prepare_min_time_left,
+            metrics=metrics,
+            sleep=sleep,
+        )
         self.transactional_id = self.producer.transactional_id
         self.owner = _owner_token()
         """This instance's owner token, written to the state row by ``start()``."""

@@ -28,13 +28,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import tenacity
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from .config import ProducerSettings
 from .delivery import DeliveryCallback
 from .errors import (
     ConfigurationError,
@@ -158,7 +159,8 @@ class ExactlyOnceProcessor:
     """Runs ``process(record) -> outputs`` over ``topics`` exactly once.
 
     ``consumer_config`` needs ``group.id`` (read_committed and manual offsets are set
-    here); ``producer_config`` needs a ``transactional.id``. ``max_attempts`` tries per
+    here); ``producer_config`` needs a ``transactional.id`` (either may be any
+    ``Mapping``, and ``producer_config`` a ``ProducerSettings``). ``max_attempts`` tries per
     record, with ``backoff`` (a tenacity wait strategy) between them, then ``recoverer``
     (default: ``DeadLetterRecoverer(dead_letter_topic)``; without either, the record is
     retried forever and blocks its partition, as a log line says each time). A record
@@ -172,8 +174,8 @@ class ExactlyOnceProcessor:
 
     def __init__(
         self,
-        consumer_config: dict[str, Any],
-        producer_config: dict[str, Any],
+        consumer_config: Mapping[str, Any],
+        producer_config: Mapping[str, Any] | ProducerSettings,
         topics: Sequence[str],
         process: Callable[[Message], Iterable[OutputRecord | tuple[Any, ...]]],
         *,

@@ -40,10 +40,18 @@ raised, or, when a transaction fails because a record failed, that record's
 
 All exceptions pickle (Spark ships them from executors to the driver); ``__cause__`` is
 not part of a pickle, the root ``KafkaError`` and every attribute are.
+
+Every exception also answers ``KafkaError``'s methods, so that a delivery callback
+written for confluent-kafka works unchanged on the ``ProduceFailedException`` it is
+given: ``code()`` and ``name()`` are the root's, ``str()`` is the message, and
+``fatal()``, ``txn_requires_abort()`` and ``retriable()`` say whether the category is
+fatal, abortable or retriable. ``error_code`` is ``code()`` as an attribute.
+``TransactionInDoubtError.retriable`` stays a bool attribute.
 """
 
 from __future__ import annotations
 
+import builtins
 import enum
 from typing import Any
 
@@ -96,7 +104,11 @@ class FailureType(str, enum.Enum):
 
 
 class KafkaTxnError(KafkaException):
-    """Base class of every exception raised by kafka-txn."""
+    """Base class of every exception raised by kafka-txn. It answers confluent-kafka's
+    ``KafkaError`` methods (``code()``, ``name()``, ``str()``, ``fatal()``,
+    ``retriable()``, ``txn_requires_abort()``), so that a delivery callback written for
+    confluent-kafka works unchanged on the ``ProduceFailedException`` it is given;
+    ``error_code`` is ``code()`` as an attribute (see docs/errors.md)."""
 
     category: ErrorCategory | None = None
 
@@ -110,10 +122,39 @@ class KafkaTxnError(KafkaException):
     def _default_root(message: str) -> KafkaError:
         return KafkaError(KafkaError._FAIL, message)
 
-    @property
+    # confluent-kafka's KafkaError methods, so that code written for confluent-kafka's
+    # delivery reports (``err.code()``, ``err.retriable()``...) works unchanged on the
+    # ProduceFailedException a callback receives, and on every other error here.
     def code(self) -> int:
-        """The librdkafka/Kafka error code of the root cause."""
+        """The librdkafka/Kafka error code of the root cause, as ``KafkaError.code()``
+        (compare with ``KafkaError.MSG_SIZE_TOO_LARGE`` etc.)."""
         return int(self.kafka_error.code())
+
+    @property
+    def error_code(self) -> int:
+        """The same error code as ``code()``, as an attribute."""
+        return int(self.kafka_error.code())
+
+    def name(self) -> str:
+        """The root cause's error name, as ``KafkaError.name()`` (``MSG_SIZE_TOO_LARGE``)."""
+        return str(self.kafka_error.name())
+
+    def fatal(self) -> bool:
+        """True when the producer cannot continue (KIP-691 fatal: close it), as
+        ``KafkaError.fatal()``; the category this library acts on, which may be stricter
+        than librdkafka's own flag (``kafka_error.fatal()``)."""
+        return self.category is ErrorCategory.FATAL
+
+    def retriable(self) -> bool:
+        """True when the same call may simply be made again (KIP-691 retriable), as
+        ``KafkaError.retriable()``. A failed record is never retriable in its
+        transaction: the transaction has to be aborted (``txn_requires_abort()``)."""
+        return self.category is ErrorCategory.RETRIABLE
+
+    def txn_requires_abort(self) -> bool:
+        """True when the transaction cannot commit and must be aborted, the producer
+        staying usable (KIP-691 abortable), as ``KafkaError.txn_requires_abort()``."""
+        return self.category is ErrorCategory.ABORTABLE
 
     def __str__(self) -> str:
         return self.message
@@ -127,6 +168,12 @@ class KafkaTxnError(KafkaException):
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only context does not survive BaseException's default pickling.
         return (_rebuild, (type(self), self.message, self._kwargs()))
+
+    # Last in the class body: below it, a plain ``str`` annotation would name this method.
+    def str(self) -> builtins.str:
+        """The message, as ``KafkaError.str()``: the same text as ``str(exc)``, which
+        includes the root cause's own description."""
+        return self.message
 
 
 def root_exception(exc: KafkaTxnError) -> BaseException:
@@ -231,6 +278,11 @@ class TransactionInDoubtError(KafkaTxnError):
     or ``DualWriter.start()``), which commits it, or reports that Kafka lost it."""
 
     category = ErrorCategory.FATAL
+
+    # An attribute here, not KafkaError's method: it was documented as one before the
+    # methods came, and an in-doubt error is raised by commit, never given to a callback.
+    retriable: bool  # type: ignore[assignment]
+    """Whether ``commit_transaction()`` may simply be called again."""
 
     def __init__(
         self,

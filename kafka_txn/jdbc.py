@@ -69,6 +69,13 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ._extras import missing_extra
+
+try:
+    import sqlalchemy  # noqa: F401 - the [sql] extra is installed
+except ImportError as exc:
+    raise missing_extra("kafka_txn.jdbc", "sql", exc) from exc
+
 from sqlalchemy.engine import URL
 
 from ._jdbc_params import OVERRIDDEN, PARAMS, supported_parameters

@@ -14,7 +14,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -169,8 +169,9 @@ def _assemble(
 class TransactionalProducer:
     """A transactional Kafka producer whose every failure says what to do next.
 
-    ``config`` is a librdkafka dict or a ``ProducerSettings``; ``transactional.id`` is
-    required and idempotence cannot be turned off. ``operation_timeout`` bounds how long
+    ``config`` is a dict (any ``Mapping``) of librdkafka properties or a
+    ``ProducerSettings``; ``transactional.id`` is required and idempotence cannot be
+    turned off. ``operation_timeout`` bounds how long
     ``commit_transaction``/``abort_transaction``/``init_transactions`` retry retriable
     errors (default: ``transaction.timeout.ms``). ``queue_full_timeout`` is how long
     ``produce()`` waits for room when librdkafka's local queue is full.
@@ -188,7 +189,7 @@ class TransactionalProducer:
 
     def __init__(
         self,
-        config: dict[str, Any] | ProducerSettings,
+        config: Mapping[str, Any] | ProducerSettings,
         *,
         key_serializer: Serializer | None = None,
         value_serializer: Serializer | None = None,

@@ -34,13 +34,16 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._extras import missing_extra
+
+try:  # the [spark] extra: pyspark, and SQLAlchemy for the database side
+    import pyspark  # noqa: F401
+    import sqlalchemy  # noqa: F401
+except ImportError as exc:
+    raise missing_extra("kafka_txn.spark", "spark", exc) from exc
+
 from sqlalchemy import Column, MetaData, String, Table
 from sqlalchemy.engine import Engine
-
-try:
-    import pyspark  # noqa: F401 - the extra is present
-except ImportError as exc:  # an optional extra
-    raise ImportError("kafka_txn.spark needs pyspark: pip install 'kafka-txn[spark]'") from exc
 
 from ._ddl import create_table_if_missing
 from ._sink_ledger import BATCH_JOB, Ledger

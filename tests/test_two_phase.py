@@ -111,7 +111,7 @@ def test_prepare_after_abort_learns_the_new_identity(broker, topic, producer):
 def test_complete_without_prepare_is_invalid_txn_state(producer):
     with pytest.raises(IllegalStateError, match="no prepared transaction") as info:
         producer.complete_transaction(PreparedTxnState.EMPTY)
-    assert info.value.code == KafkaError.INVALID_TXN_STATE
+    assert info.value.code() == KafkaError.INVALID_TXN_STATE
 
 
 def test_two_phase_calls_need_the_setting(producer_config, topic):

@@ -1,0 +1,47 @@
+"""The optional extras (``pip install 'kafka-txn[sql]'`` ...): which top-level packages
+each one brings, whether they are installed, and the ImportError that names the extra.
+
+The core package needs only confluent-kafka, pydantic and tenacity; the modules below
+import an extra's package at their top, inside a ``try`` whose ``except`` raises
+``missing_extra(...)``, so that a missing package is reported with the command that
+installs it rather than as a bare ``ModuleNotFoundError``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Final
+
+__all__ = ["EXTRAS", "installed", "missing_extra"]
+
+EXTRAS: Final[dict[str, tuple[str, ...]]] = {
+    "sql": ("sqlalchemy",),
+    "postgres": ("sqlalchemy", "psycopg"),
+    "mysql": ("sqlalchemy", "pymysql"),
+    "spark": ("sqlalchemy", "pyspark"),
+    "prometheus": ("prometheus_client",),
+}
+"""Each extra of pyproject.toml that code imports, and the top-level packages it needs."""
+
+
+def installed(extra: str) -> bool:
+    """True when every package of ``extra`` can be found, without importing any (a
+    SparkSession's JVM, say, is not started by asking)."""
+    for package in EXTRAS[extra]:
+        try:
+            if importlib.util.find_spec(package) is None:
+                return False
+        except (ImportError, ValueError):  # a finder refused it, or a broken __spec__
+            return False
+    return True
+
+
+def missing_extra(feature: str, extra: str, exc: ImportError) -> ImportError:
+    """The error for ``feature`` failing to import a package of ``extra``: the same
+    class as ``exc`` (``ModuleNotFoundError`` when the package is missing) and the same
+    ``name``, with the ``pip install`` command in the message. Raise it ``from exc``."""
+    kind = ModuleNotFoundError if isinstance(exc, ModuleNotFoundError) else ImportError
+    return kind(
+        f"{feature} needs the [{extra}] extra: pip install 'kafka-txn[{extra}]' ({exc})",
+        name=exc.name,
+    )

@@ -201,3 +201,45 @@ def test_mypy_sees_real_types_checked_keywords_and_mapping_configs(tmp_path):
     for number, needle in expected.items():
         assert any(f"{snippet}:{number}: error: Unexpected keyword argument {needle}" in e
                    for e in errors), (number, errors)  # fmt: skip
+
+
+_NO_DRIVERS = textwrap.dedent(
+    """
+    import json, sys
+
+    class NoDrivers:  # [sql] installed, neither [postgres] nor [mysql]
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in {"psycopg", "pymysql"}:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, NoDrivers())
+    from kafka_txn import ConfigurationError, DualWriter
+
+    report = {}
+    for url in ("jdbc:postgresql://127.0.0.1:1/db", "jdbc:mysql://127.0.0.1:1/db",
+                "jdbc:mariadb://127.0.0.1:1/db"):
+        try:
+            DualWriter({"bootstrap.servers": "127.0.0.1:1", "transactional.id": "t"}, url)
+        except ConfigurationError as exc:
+            report[url] = str(exc)
+    print(json.dumps(report))
+    """
+)
+
+
+def test_a_missing_database_driver_names_its_extra():
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_DRIVERS],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "pip install 'kafka-txn[postgres]'" in report["jdbc:postgresql://127.0.0.1:1/db"]
+    assert "pip install 'kafka-txn[mysql]'" in report["jdbc:mysql://127.0.0.1:1/db"]
+    assert "pip install 'kafka-txn[mysql]'" in report["jdbc:mariadb://127.0.0.1:1/db"]

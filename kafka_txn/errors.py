@@ -45,7 +45,8 @@ Every exception also answers ``KafkaError``'s methods, so that a delivery callba
 written for confluent-kafka works unchanged on the ``ProduceFailedException`` it is
 given: ``code()`` and ``name()`` are the root's, ``str()`` is the message, and
 ``fatal()``, ``txn_requires_abort()`` and ``retriable()`` say whether the category is
-fatal, abortable or retriable. ``error_code`` is ``code()`` as an attribute.
+fatal, abortable or retriable. ``code`` uncalled is the same int (``ErrorCode``), and so
+is ``error_code``.
 ``TransactionInDoubtError.retriable`` stays a bool attribute.
 """
 
@@ -103,12 +104,27 @@ class FailureType(str, enum.Enum):
     """The transaction failed around the record (fenced, invalid state, purged by abort)."""
 
 
+class ErrorCode(int):
+    """An error code that is also callable: ``exc.code`` and ``exc.code()`` are the same
+    int, so code written against confluent-kafka's ``KafkaError.code()`` and code that
+    reads the attribute both work."""
+
+    __slots__ = ()
+
+    def __call__(self) -> int:
+        return int(self)
+
+    def __repr__(self) -> builtins.str:
+        return int.__repr__(self)
+
+
 class KafkaTxnError(KafkaException):
     """Base class of every exception raised by kafka-txn. It answers confluent-kafka's
     ``KafkaError`` methods (``code()``, ``name()``, ``str()``, ``fatal()``,
     ``retriable()``, ``txn_requires_abort()``), so that a delivery callback written for
-    confluent-kafka works unchanged on the ``ProduceFailedException`` it is given;
-    ``error_code`` is ``code()`` as an attribute (see docs/errors.md)."""
+    confluent-kafka works unchanged on the ``ProduceFailedException`` it is given.
+    ``code`` is the root cause's error code, an int that may also be called
+    (``exc.code == exc.code() == exc.error_code``; see docs/errors.md)."""
 
     category: ErrorCategory | None = None
 
@@ -125,10 +141,12 @@ class KafkaTxnError(KafkaException):
     # confluent-kafka's KafkaError methods, so that code written for confluent-kafka's
     # delivery reports (``err.code()``, ``err.retriable()``...) works unchanged on the
     # ProduceFailedException a callback receives, and on every other error here.
-    def code(self) -> int:
-        """The librdkafka/Kafka error code of the root cause, as ``KafkaError.code()``
-        (compare with ``KafkaError.MSG_SIZE_TOO_LARGE`` etc.)."""
-        return int(self.kafka_error.code())
+    @property
+    def code(self) -> ErrorCode:
+        """The librdkafka/Kafka error code of the root cause: an int that may also be
+        called, ``code()``, as on ``KafkaError`` (``exc.code == KafkaError.X`` and
+        ``exc.code() == KafkaError.X`` both hold)."""
+        return ErrorCode(self.kafka_error.code())
 
     @property
     def error_code(self) -> int:

@@ -98,6 +98,9 @@ def test_answers_kafka_errors_methods(exc):
     root = exc.kafka_error
     assert exc.code() == exc.error_code == root.code()
     assert isinstance(exc.code(), int)
+    # The attribute form, as before: the same int, equal to KafkaError's constants.
+    assert exc.code == root.code() and isinstance(exc.code, int)
+    assert hash(exc.code) == hash(root.code()) and f"{exc.code}" == str(root.code())
     assert exc.name() == root.name()
     assert exc.str() == str(exc) == exc.message
     assert exc.fatal() is (exc.category is ErrorCategory.FATAL)

@@ -49,6 +49,7 @@ MySQL and MariaDB (Connector/J and MariaDB Connector/J names -> PyMySQL's argume
     characterEncoding=name  PyMySQL's ``charset``: UTF-8/utf8 -> utf8mb4 (MySQL's full
                             UTF-8), ISO-8859-1/Cp1252/latin1 -> latin1, US-ASCII -> ascii;
                             others refused.
+    useUnicode=true         nothing: PyMySQL always decodes text (false is refused).
     connectTimeout=ms       ``connect_timeout`` in seconds: the Java drivers count
                             milliseconds, PyMySQL seconds (rounded up; 0, no limit, is
                             PyMySQL's maximum, one year).

@@ -25,9 +25,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, insert, select
 
+from ._local_broker import LocalBroker
 from .dualwrite import STEPS, DualWriter
 from .jdbc import jdbc_to_sqlalchemy
-from ._local_broker import LocalBroker
 
 ROWS_PER_BATCH = 5
 _EVENTS = Table("demo_events", MetaData(), Column("batch", Integer), Column("value", String(64)))

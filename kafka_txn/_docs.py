@@ -1,7 +1,9 @@
 """Regenerates the docs that come from the code: in docs/errors.md the exception tree
 (errors.py's docstring) and the error table (classification.py); in docs/index.md the
-producer's lifecycle diagram and its state x call table (lifecycle.py); docs/api.md, the
-API reference, from the public names' signatures and docstrings. Tests fail on drift.
+producer's lifecycle diagram and its state x call table (lifecycle.py); in
+docs/two-phase-commit.md the coordinator client's security settings
+(coordinator/security.py); docs/api.md, the API reference, from the public names'
+signatures and docstrings. Tests fail on drift.
 
 ``python -m kafka_txn._docs [docs directory]``
 """
@@ -17,6 +19,7 @@ from typing import Final
 
 from . import _OPTIONAL, errors
 from .classification import render_markdown
+from .coordinator.security import render_markdown as render_security_table
 from .lifecycle import ALLOWED, State, render_mermaid
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -61,7 +64,14 @@ INDEX_GENERATED: Final = {
 }
 """Sections of docs/index.md that are generated from the code, by marker name."""
 
-GENERATED_FILES: Final = {"errors.md": GENERATED, "index.md": INDEX_GENERATED}
+TWO_PHASE_GENERATED: Final = {"coordinator security settings": render_security_table}
+"""Sections of docs/two-phase-commit.md that are generated from the code."""
+
+GENERATED_FILES: Final = {
+    "errors.md": GENERATED,
+    "index.md": INDEX_GENERATED,
+    "two-phase-commit.md": TWO_PHASE_GENERATED,
+}
 """Each file under docs/ with generated sections, and its sections."""
 
 

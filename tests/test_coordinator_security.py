@@ -158,8 +158,7 @@ def test_docs_table_is_generated_from_the_classification():
     text = (DOCS / "two-phase-commit.md").read_text()
     sections = {"coordinator security settings": render_markdown}
     assert update_docs(text, sections) == text, (
-        "docs/two-phase-commit.md's security table is stale: run python -c 'from "
-        "kafka_txn.coordinator.security import regenerate_docs; regenerate_docs()'"
+        "docs/two-phase-commit.md's security table is stale: run python -m kafka_txn._docs"
     )
     for key, rule in SECURITY_KEYS.items():
         assert f"| `{key}` | {rule.status} |" in text

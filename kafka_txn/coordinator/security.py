@@ -258,12 +258,3 @@ def render_markdown() -> str:
             note += f" (librdkafka's default `{rule.default}` is accepted)"
         out.append(f"| `{key}` | {rule.status} | {note} |")
     return "\n".join(out) + "\n"
-
-
-def regenerate_docs() -> None:
-    """Rewrite docs/two-phase-commit.md's generated table from ``SECURITY_KEYS``."""
-    from .._docs import DOCS, update_docs  # noqa: PLC0415 - _docs imports the package
-
-    target = DOCS / "two-phase-commit.md"
-    sections = {"coordinator security settings": render_markdown}
-    target.write_text(update_docs(target.read_text(), sections))

@@ -37,6 +37,25 @@ bench: setup
 docs: setup
 	$(PY) -m kafka_txn._docs
 
+# The Spark tests against the oldest pyspark the [spark] extra admits (pyspark>=3.5 in
+# pyproject.toml), in a virtualenv of their own; `make test` runs them against the newest,
+# pinned in constraints.txt. Same pins otherwise (pyspark and its py4j aside).
+SPARK_OLDEST ?= 3.5.0
+SPARK_VENV ?= $(VENV)/spark-oldest
+SPARK_STAMP := $(SPARK_VENV)/.installed-$(SPARK_OLDEST)
+
+.PHONY: test-spark-oldest
+$(SPARK_STAMP): pyproject.toml constraints.txt
+	test -x $(SPARK_VENV)/bin/python || $(PYTHON) -m venv $(SPARK_VENV)
+	$(SPARK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	grep -v -E '^(pyspark|py4j)==' constraints.txt > $(SPARK_VENV)/constraints.txt
+	$(SPARK_VENV)/bin/python -m pip install --quiet -c $(SPARK_VENV)/constraints.txt \
+		-e '.[test]' 'pyspark==$(SPARK_OLDEST)'
+	touch $(SPARK_STAMP)
+
+test-spark-oldest: $(SPARK_STAMP)
+	$(SPARK_VENV)/bin/python -m pytest $(sort $(wildcard tests/test_spark*.py))
+
 # The adversarial dual-write test (tests/test_adversarial.py) for 10 minutes per database
 # instead of the seconds it gets in `make test`; KAFKA_TXN_ADVERSARY_SEED picks the schedule.
 .PHONY: soak

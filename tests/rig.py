@@ -66,47 +66,101 @@ class Broker:
         """Every (key, value) a read_committed consumer sees in ``topic``, read with an
         independent client (kafka-python, not librdkafka). Every partition is assigned
         (no group, so no rebalance delay can make an empty read pass) and read from the
-        beginning up to its last stable offset; it waits up to ``timeout`` for
-        ``expected`` records, then reads ``linger`` seconds more, so that a duplicate or
-        a record that should be invisible is caught. (Commit markers are written after
+        beginning up to its last stable offset (the end offset a read_committed
+        ListOffsets reports); it waits up to ``timeout`` for ``expected`` records, then
+        reads ``linger`` seconds more, so that a duplicate or a record that should be
+        invisible is caught. A read that cannot get to the last stable offset of every
+        partition raises instead of returning what it saw so far: "nothing there" is only
+        concluded after reading everything there is. (Commit markers are written after
         commit_transaction() returns: until then the records stay invisible.)"""
+        return self._read(topic, "read_committed", expected, timeout, linger)
+
+    def read_uncommitted(
+        self, topic: str, expected: int, timeout: float = 20.0
+    ) -> list[tuple[bytes | None, bytes | None]]:
+        """Every (key, value) written to ``topic``, aborted and still open transactions
+        included, read up to each partition's high watermark (kafka-python,
+        read_uncommitted): what a transaction wrote, whatever became of it."""
+        return self._read(topic, "read_uncommitted", expected, timeout, 0.0)
+
+    def open_partitions(self, topic: str) -> dict[int, tuple[int, int]]:
+        """The partitions of ``topic`` whose last stable offset is below the high
+        watermark, as {partition: (last stable offset, high watermark)}: a transaction
+        that wrote there is still open (neither committed nor aborted). Empty when every
+        transaction that wrote to ``topic`` has ended."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        ends: dict[str, dict[int, int]] = {}
+        for isolation in ("read_committed", "read_uncommitted"):
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers,
+                isolation_level=isolation,
+                enable_auto_commit=False,
+                group_id=None,
+            )
+            try:
+                partitions = [TopicPartition(topic, p) for p in self._partitions(consumer, topic)]
+                ends[isolation] = {
+                    tp.partition: o for tp, o in consumer.end_offsets(partitions).items()
+                }
+            finally:
+                consumer.close()
+        stable, high = ends["read_committed"], ends["read_uncommitted"]
+        return {p: (stable[p], high[p]) for p in sorted(high) if stable[p] < high[p]}
+
+    @staticmethod
+    def _partitions(consumer: Any, topic: str, timeout: float = 20.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ids = consumer.partitions_for_topic(topic)
+            if ids:
+                return sorted(ids)
+            time.sleep(0.1)
+        raise RuntimeError(f"topic {topic} has no partitions in metadata")
+
+    def _read(
+        self, topic: str, isolation: str, expected: int, timeout: float, linger: float
+    ) -> list[tuple[bytes | None, bytes | None]]:
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(
             bootstrap_servers=self.bootstrap_servers,
-            isolation_level="read_committed",
+            isolation_level=isolation,
             enable_auto_commit=False,
             group_id=None,
         )
         try:
-            partitions = None
             deadline = time.monotonic() + timeout
-            while partitions is None and time.monotonic() < deadline:
-                ids = consumer.partitions_for_topic(topic)
-                partitions = [TopicPartition(topic, p) for p in sorted(ids)] if ids else None
-                if partitions is None:
-                    time.sleep(0.1)
-            if partitions is None:
-                raise RuntimeError(f"topic {topic} has no partitions in metadata")
+            partitions = [TopicPartition(topic, p) for p in self._partitions(consumer, topic)]
             consumer.assign(partitions)
             consumer.seek_to_beginning(*partitions)
             seen: list[tuple[bytes | None, bytes | None]] = []
 
-            def read_to_stable_end() -> bool:
-                ends = consumer.end_offsets(partitions)  # the LSO, under read_committed
+            def read_to_end() -> None:
+                # Under read_committed the end offsets are the last stable offsets (LSO).
+                ends = consumer.end_offsets(partitions)
+                limit = time.monotonic() + timeout
                 while any(consumer.position(tp) < ends[tp] for tp in partitions):
-                    if time.monotonic() >= deadline + linger:
-                        return False
+                    if time.monotonic() >= limit:
+                        behind = {
+                            tp.partition: (consumer.position(tp), ends[tp])
+                            for tp in partitions
+                            if consumer.position(tp) < ends[tp]
+                        }
+                        raise AssertionError(
+                            f"{isolation} read of {topic} could not get to the end offsets "
+                            f"in {timeout:g}s: {{partition: (position, end)}} = {behind}"
+                        )
                     self._poll_into(consumer, seen)
-                return True
 
-            while time.monotonic() < deadline:
-                if read_to_stable_end() and len(seen) >= expected:
+            while True:
+                read_to_end()
+                if len(seen) >= expected or time.monotonic() >= deadline:
                     break
                 time.sleep(0.05)
             until = time.monotonic() + linger
             while time.monotonic() < until:
-                read_to_stable_end()
+                read_to_end()
                 self._poll_into(consumer, seen)
             return seen
         finally:

@@ -3,6 +3,9 @@ an ``events`` table and the same values to Kafka, SIGKILLed at a chosen step.
 
 ``--mode recover`` only starts the writer (recovery) and exits. Exit code 0, or -9 when
 killed; ``--batches N`` writes N transactions; a fenced writer exits with code 3.
+``--hold-after B --hold-until FILE``: after committing batch B, print "holding=B" and
+wait (between two transactions, holding no lock) until FILE exists, then go on; exit code
+4 if it does not appear within two minutes.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=1)
     parser.add_argument("--records", type=int, default=4)
     parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument("--hold-after", type=int, default=None)
+    parser.add_argument("--hold-until", default=None)
     args = parser.parse_args(argv)
 
     def on_step(step: str) -> None:
@@ -66,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 for value in values:
                     tx.produce(args.topic, value.encode())
             print(f"committed={batch}", flush=True)
+            if batch == args.hold_after and not _hold(args.hold_until):
+                return 4
             time.sleep(args.pause)
     except FatalError as exc:
         print(f"fenced={type(exc).__name__}: {exc}", flush=True)
@@ -73,6 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         writer.close()
     return 0
+
+
+def _hold(until: str) -> bool:
+    """Wait for the file ``until`` (what the test does meanwhile is then provably done
+    while this writer is still at work); False after two minutes without it."""
+    print(f"holding={until}", flush=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(until):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 from sqlalchemy import Column, DateTime, MetaData, String, Table, create_engine, event, select, text
+from sqlalchemy.exc import IntegrityError
 
 from kafka_txn import (
     ConfigurationError,
@@ -41,6 +42,7 @@ from kafka_txn.dualwrite import STEPS, DualWriter, validate_identifier
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.testing import ApiKey, FaultProxy
 from tests.dualwrite_app import events_table
+from tests.pg_proxy import PostgresProxy
 from tests.rig import Broker, freeze
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,28 +108,44 @@ def test_killed_at_every_step_then_recovered(broker, jdbc_url, step):
     s.assert_equal_sides(12 if committed else 8)
 
 
-def test_two_writers_with_one_transactional_id(broker, jdbc_url):
+def test_two_writers_with_one_transactional_id(broker, jdbc_url, tmp_path):
+    """A second writer starts while the first is provably still at work: the first has
+    committed two of its forty batches and waits, between two transactions, until the
+    second has started and written its three batches (a file handshake, no timing). Its
+    next transaction is then fenced before it writes anything: it stops cleanly, and
+    the rows equal what Kafka holds, with nothing of the first writer after the
+    takeover."""
     s = Scenario(broker, jdbc_url)
     assert s.run("--batch", "0").returncode == 0  # creates the tables and the state row
+    go_on = tmp_path / "second-writer-done"
     first = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "dualwrite_app.py"),
          "--jdbc-url", s.jdbc_url, "--bootstrap-servers", broker.bootstrap_servers,
          "--topic", s.topic, "--transactional-id", s.txn_id, "--events-table", s.table,
-         "--batch", "100", "--batches", "40", "--pause", "0.05"],
+         "--batch", "100", "--batches", "40", "--hold-after", "101",
+         "--hold-until", str(go_on)],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert first.stdout is not None
-    assert first.stdout.readline().startswith("outcome=")
-    assert first.stdout.readline().startswith("committed=")  # it is under way
-    second = s.run("--batch", "500", "--batches", "3")
-    out, err = first.communicate(timeout=180)
-    assert second.returncode == 0, second.stdout + second.stderr
+    try:
+        assert first.stdout is not None
+        lines = [first.stdout.readline().strip() for _ in range(4)]
+        assert lines[0].startswith("outcome="), lines
+        assert lines[1:] == ["committed=100", "committed=101", f"holding={go_on}"], lines
+        second = s.run("--batch", "500", "--batches", "3")  # the first is waiting meanwhile
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert first.poll() is None  # still at work, 38 batches to go
+        go_on.touch()
+        out, err = first.communicate(timeout=180)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
     # The first writer was fenced by the second's start(): it stopped cleanly.
     assert first.returncode == 3, out + err
-    assert "fenced=" in out
+    assert "fenced=" in out and "committed=" not in out  # not one batch after the takeover
     rows = s.rows()
-    assert {r.split(b"-")[0] for r in rows} >= {b"b0", b"b500", b"b501", b"b502"}
+    assert {r.split(b"-")[0] for r in rows} == {b"b0", b"b100", b"b101", b"b500", b"b501", b"b502"}
     s.assert_equal_sides(len(rows))
 
 
@@ -149,9 +167,18 @@ def test_exception_in_the_body_rolls_back_both(broker, jdbc_url, txn_id):
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+def _describe(broker: Broker, txn_id: str) -> TransactionDescription:
+    settings = ConnectionSettings.from_librdkafka({"bootstrap.servers": broker.bootstrap_servers})
+    with CoordinatorClient(settings, txn_id) as client:
+        return client.describe()
+
+
 def test_lost_connection_during_commit_never_aborts_kafka_blindly(broker, postgres_jdbc, txn_id):
-    """The database connection dies at COMMIT: the writer refuses to guess, and the next
-    start() makes Kafka match what the database did (here: nothing)."""
+    """The database connection dies at COMMIT (its backend terminated before the COMMIT
+    reaches it): the writer refuses to guess and leaves the Kafka transaction prepared,
+    as the coordinator shows (Ongoing, holding back the partition's last stable offset);
+    the next start() makes Kafka match what the database did (here: nothing, so it is
+    aborted: ended, its record in the log but not visible)."""
     topic = broker.create_topic()
     events = events_table(f"events_{uuid.uuid4().hex[:10]}")
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
@@ -170,14 +197,97 @@ def test_lost_connection_during_commit_never_aborts_kafka_blindly(broker, postgr
         backend.append(tx.connection.execute(text("SELECT pg_backend_pid()")).scalar_one())
         tx.connection.execute(events.insert(), [{"batch": 0, "value": "lost"}])
         tx.produce(topic, b"lost")
+    seen = _describe(broker, txn_id)
+    assert seen.state == "Ongoing", seen  # not aborted, not committed: prepared
+    assert seen.partitions.get(topic) and broker.open_partitions(topic)
     with pytest.raises(DatabaseCommitUnknownError), writer.transaction():
         pass  # the writer stays stopped
     writer.close()
     killer.dispose()
+    assert _describe(broker, txn_id).state == "Ongoing"  # close() left it prepared too
 
     with DualWriter(conf, postgres_jdbc) as restarted, restarted.engine.connect() as conn:
         assert list(conn.execute(select(events.c.value)).scalars()) == []
-    assert broker.read_committed(topic, expected=0) == []
+    assert broker.open_partitions(topic) == {}  # ended ...
+    assert (None, b"lost") in broker.read_uncommitted(topic, expected=1)  # ... written ...
+    assert broker.read_committed(topic, expected=0) == []  # ... and not visible: aborted
+
+
+def test_commit_whose_reply_is_lost_is_committed_by_the_next_start(broker, postgres_jdbc, txn_id):
+    """PostgreSQL commits, and the connection drops before its answer reaches the writer
+    (a proxy closes it right after the CommandComplete "COMMIT"). The writer cannot tell
+    this from a COMMIT that never arrived: DatabaseCommitUnknownError, and the Kafka
+    transaction stays prepared (the coordinator shows it Ongoing under the stored
+    producer id, epoch and start time), never aborted. The next start() reads the
+    committed state row and commits Kafka: the rows equal the records, each once."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    with PostgresProxy(("127.0.0.1", 5432)) as proxy:
+        proxied = f"jdbc:postgresql://127.0.0.1:{proxy.port}/test?user=postgres"
+
+        def on_step(step: str) -> None:
+            if step == "after_state_write":
+                proxy.lose_next_commit_reply()
+
+        writer = DualWriter(conf, proxied, on_step=on_step, mark_completed_after=None)
+        events.metadata.create_all(writer.engine, checkfirst=True)
+        writer.start()
+        with pytest.raises(DatabaseCommitUnknownError), writer.transaction() as tx:
+            tx.connection.execute(events.insert(), [{"batch": 0, "value": "kept"}])
+            tx.produce(topic, b"kept")
+        assert proxy.commits_lost == 1
+        writer.close()
+    stored = PreparedTxnState(_state_row(postgres_jdbc, txn_id))  # the database committed
+    assert not stored.is_empty and not stored.completed
+    seen = _describe(broker, txn_id)
+    assert seen.state == "Ongoing", seen
+    assert (seen.producer_id, seen.producer_epoch, seen.start_time_ms) == (
+        stored.producer_id, stored.producer_epoch, stored.txn_start_ms,
+    )  # fmt: skip
+    assert broker.read_committed(topic, expected=0) == []  # prepared: not visible yet
+    restarted = DualWriter(conf, postgres_jdbc)
+    try:
+        assert restarted.start() is TransactionOutcome.COMMITTED
+        assert _rows(restarted.engine, events) == ["kept"]
+    finally:
+        restarted.close()
+    assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
+
+
+def test_database_refusing_commit_aborts_kafka(broker, postgres_jdbc, txn_id):
+    """PostgreSQL refuses the COMMIT itself (a unique constraint checked at COMMIT,
+    DEFERRABLE INITIALLY DEFERRED): nothing committed in the database, so the writer
+    aborts the Kafka transaction. The coordinator shows it CompleteAbort under the same
+    producer id; its record is in the log, and a read_committed consumer never sees it.
+    The writer goes on."""
+    topic = broker.create_topic()
+    name = f"events_{uuid.uuid4().hex[:10]}"
+    events = events_table(name)
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    writer = DualWriter(conf, postgres_jdbc)
+    try:
+        with writer.engine.begin() as conn:
+            conn.execute(
+                text(f"CREATE TABLE {name} (batch INTEGER, value VARCHAR(64), "
+                     f"CONSTRAINT {name}_once UNIQUE (value) DEFERRABLE INITIALLY DEFERRED)")
+            )  # fmt: skip
+        writer.start()
+        _write(writer, events, topic, "first")
+        committed = _describe(broker, txn_id)
+        with pytest.raises(IntegrityError, match=f"{name}_once"), writer.transaction() as tx:
+            tx.connection.execute(events.insert(), [{"batch": 1, "value": "twice"}] * 2)
+            tx.produce(topic, b"twice")  # the statement passed: the check waits for COMMIT
+        aborted = _describe(broker, txn_id)
+        assert aborted.state == "CompleteAbort", aborted
+        assert aborted.producer_id == committed.producer_id
+        assert broker.open_partitions(topic) == {}
+        assert (None, b"twice") in broker.read_uncommitted(topic, expected=2)
+        assert _rows(writer.engine, events) == ["first"]
+        _write(writer, events, topic, "next")  # the writer goes on
+    finally:
+        writer.close()
+    assert sorted(v for _, v in broker.read_committed(topic, expected=2)) == [b"first", b"next"]
 
 
 # ---------------------------------------------------------------- helpers

@@ -30,8 +30,10 @@ def _seed(broker, topic: str, values: list[bytes]) -> None:
                 p.produce(topic, v, key=b"%d" % i)
 
 
-def _processor(broker, source, sink, group, process, txn_id=None, **kw) -> ExactlyOnceProcessor:
-    return ExactlyOnceProcessor(
+def _processor(
+    broker, source, sink, group, process, txn_id=None, cls=ExactlyOnceProcessor, **kw
+) -> ExactlyOnceProcessor:
+    return cls(
         {"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
          "session.timeout.ms": 6000},
         {"bootstrap.servers": broker.bootstrap_servers,
@@ -161,32 +163,79 @@ def _capture(fn):
         return exc
 
 
+class _Watched(ExactlyOnceProcessor):
+    """An ExactlyOnceProcessor that records the partitions revoked from it while run()
+    goes on (a rebalance), not the revocation its own close() causes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.revoked_while_running: list[list[int]] = []
+        self._closing = False
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        if partitions and not self._closing:
+            self.revoked_while_running.append(sorted(tp.partition for tp in partitions))
+        super()._on_revoke(consumer, partitions)
+
+    def close(self) -> None:
+        self._closing = True
+        super().close()
+
+
 def test_rebalance_loses_and_duplicates_nothing(broker):
+    """A second member joins the group while the first is at work: the first member's
+    partitions are revoked while it runs, both members process records, and the sink
+    holds every input exactly once, with the committed offsets past every record. Input
+    keeps arriving until the first member was revoked mid-run and the second has
+    processed records (no timing: the work cannot run out before the rebalance)."""
     source, sink = broker.create_topic(4), broker.create_topic(2)
-    first = [b"a-%03d" % i for i in range(200)]
-    _seed(broker, source, first)
     group = f"g-{uuid.uuid4().hex[:8]}"
+    handled: dict[str, Counter[bytes]] = {"a": Counter(), "b": Counter()}
 
-    def slow(record):
-        time.sleep(0.002)
-        return [(sink, record.value())]
+    def process_for(name):
+        def process(record):
+            handled[name][record.value()] += 1
+            return [(sink, record.value())]
 
-    a = _processor(broker, source, sink, group, slow)
-    b = _processor(broker, source, sink, group, slow)
+        return process
+
+    a = _processor(broker, source, sink, group, process_for("a"), cls=_Watched)
+    b = _processor(broker, source, sink, group, process_for("b"), cls=_Watched)
+    sent: list[bytes] = []
+
+    def feed(count: int) -> None:
+        values = [b"v-%05d" % i for i in range(len(sent), len(sent) + count)]
+        _seed(broker, source, values)
+        sent.extend(values)
+
+    def wait_for(condition, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while not condition():
+            assert time.monotonic() < deadline, what
+            feed(20)
+            time.sleep(0.1)
+
     results: dict[str, object] = {}
     ta = threading.Thread(target=lambda: results.update(a=_capture(lambda: a.run(idle_timeout=8))))
-    ta.start()
-    time.sleep(1.0)  # a is under way with all four partitions
     tb = threading.Thread(target=lambda: results.update(b=_capture(lambda: b.run(idle_timeout=8))))
-    tb.start()  # the group rebalances while a works
-    second = [b"b-%03d" % i for i in range(200)]
-    _seed(broker, source, second)
+    feed(100)
+    ta.start()
+    wait_for(lambda: handled["a"], "the first member never processed a record")
+    tb.start()  # the group rebalances while a works, and input keeps coming
+    wait_for(
+        lambda: a.revoked_while_running and handled["b"],
+        "no rebalance during the run: the first member was never revoked, or the second "
+        "never processed a record",
+    )
     ta.join(timeout=120)
     tb.join(timeout=120)
-    expected = Counter(first + second)
-    got = Counter(v for _, v in broker.read_committed(sink, expected=400))
-    assert got == expected  # nothing lost, nothing twice
-    assert _committed(broker, group, source, 4) == _positions_after_last_record(broker, source, 400)
+    assert not ta.is_alive() and not tb.is_alive()
+    assert a.revoked_while_running and handled["a"] and handled["b"]
+    got = Counter(v for _, v in broker.read_committed(sink, expected=len(sent)))
+    assert got == Counter(sent)  # nothing lost, nothing twice
+    assert _committed(broker, group, source, 4) == _positions_after_last_record(
+        broker, source, len(sent)
+    )
     for name, result in results.items():  # a stop is only ever a KIP-691 fatal error
         assert not isinstance(result, BaseException) or isinstance(result, FatalError), name
 

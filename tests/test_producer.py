@@ -209,3 +209,61 @@ def test_abort_waits_for_a_send_under_way_so_its_record_never_joins_the_next_tra
         producer.produce(topic, "order-2")
         producer.commit_transaction()
     assert _values(broker, topic, 1) == [b"order-2"]
+
+
+def test_produce_send_and_poll_from_many_threads(
+    broker: Broker, producer_config: dict[str, Any]
+) -> None:
+    """docs/index.md: produce()/send()/poll() may be called from several threads. Eight
+    threads start together and each sends 250 records into one transaction, alternating
+    produce() with a delivery callback and send(), and calling poll() as they go. Every
+    future and every callback resolves once and without error, the commit succeeds,
+    and an independent read_committed consumer sees exactly the 2,000 records, each once."""
+    threads, per_thread = 8, 250
+    topic = broker.create_topic(partitions=3)
+    futures: list[Any] = []
+    reports: list[tuple[Any, bytes | None]] = []
+    errors: list[BaseException] = []
+    together = threading.Barrier(threads)
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        reports.append((err, msg.value()))  # served by whichever thread polls
+
+    with TransactionalProducer(producer_config) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+
+        def work(t: int) -> None:
+            try:
+                together.wait(30)
+                for i in range(per_thread):
+                    value = f"t{t}-r{i}".encode()
+                    if i % 2:
+                        futures.append(producer.send(topic, value, key=b"t%d" % t))
+                    else:
+                        producer.produce(topic, value, key=b"t%d" % t, on_delivery=on_delivery)
+                    if i % 10 == 0:
+                        producer.poll(0)
+            except BaseException as exc:
+                errors.append(exc)
+
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(60)
+        assert not any(w.is_alive() for w in workers)
+        assert errors == []
+        producer.commit_transaction()
+        assert len(futures) == threads * per_thread // 2
+        assert all(f.done() and f.exception() is None for f in futures)
+        assert len(reports) == threads * per_thread // 2
+        assert all(err is None for err, _ in reports)
+
+    def values(step: int) -> list[bytes]:
+        return sorted(
+            f"t{t}-r{i}".encode() for t in range(threads) for i in range(0, per_thread, step)
+        )
+
+    assert sorted(value for _, value in reports) == values(2)  # the produce() half
+    assert sorted(_values(broker, topic, threads * per_thread)) == values(1)

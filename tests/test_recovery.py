@@ -5,6 +5,7 @@ the database committed, each exactly once."""
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -23,9 +24,11 @@ from kafka_txn import (
     TransactionOutcomeUnknowableError,
     TransactionOutcomeUnknownError,
 )
+from kafka_txn._local_broker import LocalBroker
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import TRANSACTIONAL_ID_NOT_FOUND
 from kafka_txn.testing import ApiKey, FaultProxy
+from tests.rig import Broker, freeze
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.broker
@@ -69,11 +72,33 @@ def app(broker, tmp_path, txn_id):
     return App(broker, tmp_path, txn_id)
 
 
+def _describe(broker, txn_id: str):
+    settings = ConnectionSettings.from_librdkafka({"bootstrap.servers": broker.bootstrap_servers})
+    with CoordinatorClient(settings, txn_id) as client:
+        return client.describe()
+
+
 def test_crash_after_prepare_before_decision_aborts(app):
+    """Killed after prepare, before the database decided: the next process aborts the
+    prepared transaction rather than leaving it open. Before recovery the coordinator
+    shows it Ongoing and it holds back the last stable offset of the partitions it wrote;
+    after, it has ended (no partition's last stable offset is below its high watermark,
+    the epoch moved on), and its records, which are in the log, are not visible."""
     app.run("--batch", "0")
     app.run("--batch", "1", "--crash-at", "after_prepare", expect_exit=70)
+    prepared = _describe(app.broker, app.txn_id)
+    assert prepared.state == "Ongoing", prepared
+    assert app.broker.open_partitions(app.topic), "the prepared transaction holds no partition"
     assert app.run("--mode", "recover") == TransactionOutcome.NOTHING_TO_COMMIT
-    app.assert_consistent(5)
+    after = _describe(app.broker, app.txn_id)
+    assert after.state != "Ongoing", after
+    # The init after recovery fenced the crashed producer: a new epoch (or producer id).
+    moved_on = after.producer_epoch > prepared.producer_epoch
+    assert moved_on or after.producer_id != prepared.producer_id, (prepared, after)
+    assert app.broker.open_partitions(app.topic) == {}  # ended: committed or aborted ...
+    written = {v for _, v in app.broker.read_uncommitted(app.topic, expected=10)}
+    assert {b"b1-r%d" % i for i in range(5)} <= written  # ... its records are in the log ...
+    app.assert_consistent(5)  # ... and not visible: aborted
 
 
 def test_crash_after_decision_before_kafka_commit_commits(app):
@@ -491,3 +516,40 @@ def test_recovery_logs_carry_structured_fields(broker, topic, producer_config, c
     assert record.transactional_id == producer_config["transactional.id"]
     assert record.outcome == "committed"
     p.close()
+
+
+def test_recovery_while_the_coordinator_stays_unreachable_is_unknown_and_decides_nothing(
+    txn_id,
+):
+    """A prepared transaction waits for recovery, and the broker (a private one, frozen
+    with SIGSTOP) does not answer: complete_transaction() raises
+    TransactionOutcomeUnknownError and the producer stays recovering. Nothing was
+    decided meanwhile: once the broker answers, the coordinator still shows the stored
+    transaction open under its producer id, epoch and start time, and the same call
+    again commits it, exactly once."""
+    with LocalBroker() as local:
+        rig = Broker(local.bootstrap_servers, local.description)
+        topic = rig.create_topic()
+        conf = {"bootstrap.servers": local.bootstrap_servers, "transactional.id": txn_id}
+        p, state = _prepared(conf, topic)
+        p.close()  # left prepared for recovery
+        fresh = TransactionalProducer(_two_phase(conf), operation_timeout=1.0)
+        try:
+            freeze(local._proc.pid)
+            try:
+                fresh.init_transactions(keep_prepared_txn=True)
+                with pytest.raises(TransactionOutcomeUnknownError, match="call it again"):
+                    fresh.complete_transaction(state)
+                assert fresh.state == "recovering"
+            finally:
+                os.kill(local._proc.pid, signal.SIGCONT)
+            seen = _describe(rig, txn_id)
+            assert seen.state == "Ongoing", seen
+            assert (seen.producer_id, seen.producer_epoch, seen.start_time_ms) == (
+                state.producer_id, state.producer_epoch, state.txn_start_ms,
+            )  # fmt: skip
+            assert fresh.complete_transaction(state) is TransactionOutcome.COMMITTED
+        finally:
+            fresh.close()
+        assert rig.read_committed(topic, expected=1) == [(None, b"in-doubt")]
+        assert rig.open_partitions(topic) == {}

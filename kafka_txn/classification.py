@@ -138,7 +138,7 @@ _ROWS: Final[tuple[tuple[str, ErrorCategory, FailureType, str], ...]] = (
     # --- broker errors -----------------------------------------------------------------
     ("UNKNOWN", F, DEL, "unexpected server error (KIP-691: unexpected is fatal)"),
     ("OFFSET_OUT_OF_RANGE", A, DEL, "consumer only"),
-    ("INVALID_MSG", A, REJ, "corrupt record"),
+    ("INVALID_MSG", R, DEL, "CORRUPT_MESSAGE: a CRC mismatch in transit; retriable"),
     ("UNKNOWN_TOPIC_OR_PART", R, DEL, "topic or partition not (yet) known to the leader"),
     ("INVALID_MSG_SIZE", A, REJ, "invalid record size"),
     ("LEADER_NOT_AVAILABLE", R, DEL, "leader election in progress"),

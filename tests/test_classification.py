@@ -133,11 +133,11 @@ EXPECTED: dict[str, tuple[ErrorCategory, FailureType]] = {
     "ILLEGAL_GENERATION": (F, TXN),
     "FENCED_MEMBER_EPOCH": (F, TXN),
     "FENCED_INSTANCE_ID": (F, TXN),
-    # Not listed, pending a decision (reported in issue 16): INVALID_MSG, Kafka's
-    # CORRUPT_MESSAGE. Since KIP-467 the broker answers it only for a CRC mismatch,
-    # Kafka's protocol marks it retriable, and librdkafka retries it like
-    # NOT_ENOUGH_REPLICAS (rd_kafka_err_action: RETRY, not persisted), which points to
-    # (RETRIABLE, DELIVERY_FAILED); the table says (ABORTABLE, MESSAGE_REJECTED).
+    # Kafka's CORRUPT_MESSAGE: since KIP-467 the broker answers it only for a CRC
+    # mismatch (the record was damaged in transit, not refused for what it is); Kafka's
+    # protocol marks it retriable (CorruptRecordException extends RetriableException) and
+    # librdkafka retries it like NOT_ENOUGH_REPLICAS (rd_kafka_err_action: RETRY).
+    "INVALID_MSG": (R, DEL),
 }
 
 KIP691_FATAL_OVER_ABORT = frozenset(

@@ -220,10 +220,9 @@ class TransactionalProducer:
         self._twophase, self._completion = parts.twophase, parts.completion
         self._producer = parts.producer
         self._produce = parts.producer.produce
-        # produce()/send() count themselves in, and out, for prepare/commit/abort to wait
-        # until none is under way (Completion.await_sends).
-        self._sends_started = parts.completion.sends_started
-        self._sends_done = parts.completion.sends_done
+        # produce()/send() append themselves to this list, and pop, for prepare/commit/abort
+        # to wait until none is under way (Completion.await_sends).
+        self._under_way = parts.completion.under_way
 
     # ------------------------------------------------------------------ properties
     @property
@@ -298,7 +297,8 @@ class TransactionalProducer:
         Raises ``ProduceFailedException`` at once if the record cannot be queued, and
         ``IllegalStateError`` outside a transaction or once ``prepare_transaction()``
         has started."""
-        next(self._sends_started)
+        under_way = self._under_way
+        under_way.append(None)  # before the state check: see Completion.await_sends
         try:
             if self._life.state is not _IN_TXN:
                 self._life.refuse_send("produce")
@@ -317,7 +317,7 @@ class TransactionalProducer:
             except Exception as exc:
                 self._io.produce_failed(exc, topic, value, key, partition, cb, timestamp, headers)
         finally:
-            next(self._sends_done)
+            under_way.pop()
 
     def send(
         self,
@@ -329,7 +329,8 @@ class TransactionalProducer:
         headers: Any = None,
     ) -> DeliveryFuture:
         """Like ``produce()``, returning a ``DeliveryFuture`` of the delivered ``Message``."""
-        next(self._sends_started)
+        under_way = self._under_way
+        under_way.append(None)  # before the state check: see Completion.await_sends
         try:
             if self._life.state is not _IN_TXN:
                 self._life.refuse_send("send")
@@ -351,7 +352,7 @@ class TransactionalProducer:
                 )
             return future
         finally:
-            next(self._sends_done)
+            under_way.pop()
 
     def send_offsets_to_transaction(
         self,

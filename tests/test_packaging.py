@@ -41,11 +41,12 @@ _NOT_IN_A_CLONE = shutil.ignore_patterns(
 _TOP_FILES = ("LICENSE", "README.md", "CHANGELOG.md", "Makefile", "constraints.txt")
 _FOLDERS = ("docs", "examples", "bench", "tests")
 
-# Tests that need no broker, database or Spark session: they must pass from the sdist.
+# Test files none of whose tests needs a broker, a database or a Spark session: they must
+# pass from the sdist. (A broker test added to one of them fails this test, the broker
+# being unreachable: move it, or take the file off this list.)
 _PURE_TESTS = (
     "tests/test_state.py",
     "tests/test_classification.py",
-    "tests/test_errors.py",
     "tests/test_protocol.py",
     "tests/test_recovery_decisions.py",
     "tests/test_guarantees_doc.py",  # every test docs/guarantees.md names is in the sdist

@@ -1,10 +1,17 @@
-"""Dual write throughput on PostgreSQL: 10-row transactions through DualWriter against a
-naive, non-atomic dual write (a database transaction and a Kafka transaction committed
-one after the other, no prepare and no state row), in the same run, same broker. Also
-prints the database statements (round trips) per DualWriter transaction, COMMIT
-included, a figure that does not depend on the machine's load.
+"""Dual write throughput on PostgreSQL: transactions through DualWriter against a naive,
+non-atomic dual write (a database transaction and a Kafka transaction committed one after
+the other, no prepare and no state row), in the same run, same broker and database, both
+behind the same delay proxy (``--delay-ms``). Runs are interleaved; medians and spreads.
 
-    python bench/dual_write_bench.py [--transactions 200] [--repeat 3]
+Also prints, per DualWriter transaction, the database statements (COMMIT included) and
+the median time of each step of the recipe (from ``on_step``).
+
+    python bench/dual_write_bench.py [--delay-ms 0] [--transactions 200] [--repeat 5]
+    python bench/dual_write_bench.py --rows 1 10 100 1000 --writers 1 4 16   # scale
+
+With several ``--rows`` or ``--writers`` values it measures every combination (each with
+its own interleaved naive baseline) and prints a table: rows per transaction against
+concurrent writers (one transactional id, one thread and one connection each).
 """
 
 from __future__ import annotations
@@ -12,21 +19,35 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, event, insert
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    event,
+    insert,
+    text,
+)
 
-from kafka_txn.dualwrite import DualWriter
+from bench._common import Network, add_delay_argument, behind_delay, environment, spread
+from kafka_txn.dualwrite import STEPS, DualWriter
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from tests.databases import POSTGRES_JDBC, ensure_running
 from tests.rig import Broker, start_broker
 
-ROWS = 10
+VALUE = "x" * 100
 
 
 def _table() -> Table:
@@ -38,86 +59,235 @@ def _table() -> Table:
     )
 
 
-def _naive(broker: Broker, jdbc: str, count: int) -> float:
-    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+def _threads(writers: int, body: Callable[[int], None]) -> float:
+    """Run ``body(i)`` in ``writers`` threads at once; the seconds they took together."""
+    barrier = threading.Barrier(writers + 1)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            body(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def _naive(broker: Broker, net: Network, count: int, rows: int, writers: int) -> float:
+    """Transactions per second, all writers together."""
+    assert net.jdbc is not None
+    engine = create_engine(jdbc_to_sqlalchemy(net.jdbc), pool_size=writers + 1)
     table = _table()
     table.create(engine)
     topic = broker.create_topic(3)
-    producer = Producer(
-        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": uuid.uuid4().hex}
-    )
-    producer.init_transactions()
-    rows = [{"value": "x" * 100} for _ in range(ROWS)]
-    start = time.perf_counter()
-    for _ in range(count):
+    producers = []
+    for _ in range(writers):
+        p = Producer(
+            {"bootstrap.servers": net.bootstrap_servers, "transactional.id": uuid.uuid4().hex}
+        )
+        p.init_transactions()
+        producers.append(p)
+    values = [{"value": VALUE} for _ in range(rows)]
+
+    def body(i: int) -> None:
+        producer = producers[i]
+        for _ in range(count):
+            producer.begin_transaction()
+            with engine.begin() as conn:
+                conn.execute(insert(table), values)
+                for row in values:
+                    producer.produce(topic, row["value"].encode())
+            producer.commit_transaction()  # not atomic with the database commit above
+
+    for producer in producers:  # warm-up: connections, metadata
         producer.begin_transaction()
         with engine.begin() as conn:
-            conn.execute(insert(table), rows)
-            for row in rows:
-                producer.produce(topic, row["value"].encode())
-        producer.commit_transaction()  # not atomic with the database commit above
-    rate = count / (time.perf_counter() - start)
-    producer.close()
+            conn.execute(text("SELECT 1"))
+            producer.produce(topic, b"warm-up")
+        producer.commit_transaction()
+    elapsed = _threads(writers, body)
+    for p in producers:
+        p.close()
     table.drop(engine)
     engine.dispose()
-    return rate
+    return writers * count / elapsed
 
 
-def _dual(broker: Broker, jdbc: str, count: int, statements: list[int]) -> float:
+class _Steps:
+    """Time spent in each step of the recipe (between two on_step calls), per thread."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.times: dict[str, list[float]] = {step: [] for step in STEPS}
+        self.on = False
+
+    def start(self) -> None:
+        self.local.last = time.perf_counter()
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        if self.on:
+            self.times[step].append(now - self.local.last)
+        self.local.last = now
+
+
+def _dual(
+    broker: Broker,
+    net: Network,
+    count: int,
+    rows: int,
+    writers: int,
+    statements: list[float],
+    steps: _Steps,
+) -> float:
+    assert net.jdbc is not None
     topic = broker.create_topic(3)
     table = _table()
-    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": uuid.uuid4().hex}
-    rows = [{"value": "x" * 100} for _ in range(ROWS)]
-    with DualWriter(conf, jdbc) as writer:
-        table.create(writer.engine)
-        with writer.transaction() as tx:  # the first one waits for statistics: not timed
+    values = [{"value": VALUE} for _ in range(rows)]
+    dual = []
+    for _ in range(writers):
+        conf = {"bootstrap.servers": net.bootstrap_servers, "transactional.id": uuid.uuid4().hex}
+        writer = DualWriter(conf, net.jdbc, on_step=steps)
+        writer.start()
+        dual.append(writer)
+    table.create(dual[0].engine)
+    for writer in dual:  # the first transaction waits for statistics: not timed
+        steps.start()
+        with writer.transaction() as tx:
             tx.produce(topic, b"warm-up")
-        seen = [0]
+    seen = [0]
 
-        def count_statement(*args: object) -> None:
-            seen[0] += 1
+    def count_statement(*args: object) -> None:
+        seen[0] += 1
 
+    for writer in dual:
         event.listen(writer.engine, "before_cursor_execute", count_statement)
         event.listen(writer.engine, "commit", count_statement)
-        start = time.perf_counter()
+
+    def body(i: int) -> None:
+        writer = dual[i]
         for _ in range(count):
+            steps.start()
             with writer.transaction() as tx:
-                tx.connection.execute(insert(table), rows)
-                for row in rows:
+                tx.connection.execute(insert(table), values)
+                for row in values:
                     tx.produce(topic, row["value"].encode())
-        rate = count / (time.perf_counter() - start)
+
+    steps.on = True
+    elapsed = _threads(writers, body)
+    steps.on = False
+    for writer in dual:
         event.remove(writer.engine, "before_cursor_execute", count_statement)
         event.remove(writer.engine, "commit", count_statement)
-        statements.append(seen[0])
-        table.drop(writer.engine)
-    return rate
+    statements.append(seen[0] / (count * writers))
+    table.drop(dual[0].engine)
+    for writer in dual:
+        writer.close()
+    return writers * count / elapsed
+
+
+def _measure(
+    broker: Broker, net: Network, args: argparse.Namespace, rows: int, writers: int
+) -> dict[str, Any]:
+    count = max(10, args.transactions * 10 // max(rows, 10))
+    if writers > 1:
+        count = max(10, count // 2)
+    naive: list[float] = []
+    dual: list[float] = []
+    statements: list[float] = []
+    steps = _Steps()
+    for i in range(args.repeat):  # interleaved, alternating who goes first
+        for who in ("naive", "dual") if i % 2 == 0 else ("dual", "naive"):
+            if who == "naive":
+                naive.append(_naive(broker, net, count, rows, writers))
+            else:
+                dual.append(_dual(broker, net, count, rows, writers, statements, steps))
+    ratios = sorted(d / n for d, n in zip(dual, naive, strict=True))
+    return {
+        "rows": rows,
+        "writers": writers,
+        "count": count,
+        "naive": naive,
+        "dual": dual,
+        "ratio": statistics.median(dual) / statistics.median(naive),
+        "pair_ratios": ratios,
+        "statements": statistics.median(statements),
+        "steps": {k: statistics.median(v) * 1000 for k, v in steps.times.items() if v},
+    }
+
+
+def _database_version(jdbc: str) -> str:
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        with engine.connect() as conn:
+            return "PostgreSQL " + str(conn.execute(text("SHOW server_version")).scalar_one())
+    finally:
+        engine.dispose()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--transactions", type=int, default=200)
-    parser.add_argument("--repeat", type=int, default=3)
+    add_delay_argument(parser)
+    parser.add_argument("--transactions", type=int, default=200, help="per run (10 rows)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rows", type=int, nargs="+", default=[10])
+    parser.add_argument("--writers", type=int, nargs="+", default=[1])
     args = parser.parse_args(argv)
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
     broker = start_broker()
     try:
-        print(f"broker: {broker.description}; database: {jdbc}")
-        naive: list[float] = []
-        dual: list[float] = []
-        statements: list[int] = []
-        for _ in range(args.repeat):  # interleaved
-            naive.append(_naive(broker, jdbc, args.transactions))
-            dual.append(_dual(broker, jdbc, args.transactions, statements))
-        n, d = statistics.median(naive), statistics.median(dual)
-        print(f"\n{'10-row transactions':<34}{'median txn/s':>13}{'runs':>30}")
-        print(f"{'naive DB + Kafka (not atomic)':<34}{n:>13,.0f}{[round(x) for x in naive]!s:>30}")
-        print(f"{'DualWriter (atomic)':<34}{d:>13,.0f}{[round(x) for x in dual]!s:>30}")
-        print(f"\nratio: {d / n:.2f}x (target >= 0.8)")
-        per_txn = sum(statements) / (args.transactions * len(statements))
-        print(f"database statements per DualWriter transaction: {per_txn:.2f} (COMMIT included)")
+        with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
+            print(f"broker: {broker.description}")
+            print(environment(net, _database_version(jdbc)))
+            results = [
+                _measure(broker, net, args, rows, writers)
+                for writers in args.writers
+                for rows in args.rows
+            ]
+        for r in results:
+            _report(r, args)
+        if len(results) > 1:
+            _table_report(results, args)
     finally:
         broker.stop()
     return 0
+
+
+def _report(r: dict[str, Any], args: argparse.Namespace) -> None:
+    label = f"{r['rows']}-row transactions, {r['writers']} writer(s), {r['count']} each"
+    print(f"\n{label:<44}{'median txn/s (min..max)':>28}")
+    print(f"{'naive DB + Kafka (not atomic)':<44}{spread(r['naive']):>28}")
+    print(f"{'DualWriter (atomic)':<44}{spread(r['dual']):>28}")
+    target = " (target >= 0.8 at 1 ms, >= 0.65 at 0 ms)" if r["rows"] == 10 else ""
+    pairs = ", ".join(f"{x:.2f}" for x in r["pair_ratios"])
+    print(f"ratio of medians: {r['ratio']:.2f}x{target}; per interleaved pair: {pairs}")
+    print(f"database statements per DualWriter transaction: {r['statements']:.2f} (COMMIT "
+          f"included)")  # fmt: skip
+    steps = "  ".join(f"{k.removeprefix('after_')} {v:.2f}" for k, v in r["steps"].items())
+    print(f"median ms until each step: {steps}")
+
+
+def _table_report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"\nDualWriter vs naive at {args.delay_ms:g} ms (median txn/s over all writers; "
+          "rows/s = txn/s x rows)")  # fmt: skip
+    print(f"{'rows':>6}{'writers':>8}{'naive txn/s':>13}{'dual txn/s':>12}{'ratio':>7}"
+          f"{'dual rows/s':>13}{'dual ms/txn':>12}")  # fmt: skip
+    for r in results:
+        n, d = statistics.median(r["naive"]), statistics.median(r["dual"])
+        per_txn = 1000 * r["writers"] / d
+        print(f"{r['rows']:>6}{r['writers']:>8}{n:>13,.0f}{d:>12,.0f}{d / n:>7.2f}"
+              f"{d * r['rows']:>13,.0f}{per_txn:>12.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -26,6 +27,7 @@ from ._librdkafka import Driver
 from .classification import exception_for
 from .config import ValidatedConfig
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
+from .coordinator.client import DescribeAhead, TransactionDescription
 from .coordinator.connection import AuthenticationError, NotKafkaError, ProtocolError
 from .delivery import Deliveries
 from .errors import (
@@ -59,6 +61,20 @@ T = TypeVar("T")
 
 DEFAULT_STATISTICS_INTERVAL_MS = 100
 """statistics.interval.ms set for two-phase commit when the user set none."""
+
+_REGISTRATION_DELAY_S = 0.0015
+"""librdkafka registers a transaction's partitions with the coordinator
+(AddPartitionsToTxn) on a timer that the first produce() of the transaction starts, 1 ms
+long (rd_kafka_txn_add_partition: rd_kafka_txn_schedule_register_partitions(rk, 1), in
+ms), and its main and broker threads then send it: a DescribeTransactions sent sooner
+after begin_transaction() would still show the previous transaction. Used only to time
+prepare's describe during the flush; nothing relies on it for correctness."""
+
+_FLUSH_SLICE_S = 0.001
+"""While a DescribeTransactions is in flight, prepare's flush returns this often to see
+whether the answer came (the flush itself ends as soon as every record is delivered).
+librdkafka's flush() counts whole milliseconds (confluent-kafka truncates the timeout):
+a shorter slice would be a flush(0) that polls without waiting."""
 
 # A snapshot whose transaction manager is in one of these states was taken when the
 # producer id and epoch were settled (not mid-init, not mid-abort).
@@ -229,10 +245,16 @@ class TwoPhase:
         """Recovery's result while the init after it has not succeeded."""
         self.cluster_id: str | None = None
         self.last_start_ms: int | None = None
-        self.last_describe_at = 0.0
+        self.last_started_by = 0.0
+        """A ``time.monotonic()`` by which the last prepared transaction had certainly
+        started at the coordinator (its start time stamped): see space_transactions."""
         self.begun_at = 0.0
         self.spacing_wait_s = 0.0
         """Total time space_transactions() slept (for benchmarks and diagnostics)."""
+        self.describes_ahead = 0
+        self.describes_ahead_used = 0
+        """DescribeTransactions sent during prepare's flush, and how many of them
+        prepare used (for benchmarks and diagnostics)."""
         self.transaction_timeout_s = transaction_timeout_s
         self.min_time_left_s = min_time_left_s
         self._deadline_s = deadline_s
@@ -310,12 +332,16 @@ class TwoPhase:
         """Make sure the next transaction cannot get the previous one's start time.
 
         The coordinator stamps start times in milliseconds, and recovery tells transaction
-        N from N+1 (same pid/epoch) by them. N started before the coordinator answered
-        N's DescribeTransactions at prepare, so N+1 starts in a later millisecond if its
-        first partition is added a millisecond or more after that answer (1.1 ms, for
-        clock jitter). A real cluster's EndTxn usually takes longer than that; against a
-        very fast local broker this wait is most of what two-phase commit adds."""
-        wait = self.last_describe_at + 0.0011 - time.monotonic()
+        N from N+1 (same pid/epoch) by them. N's start time was stamped when the
+        coordinator registered its first partition (or offsets), before
+        ``last_started_by``: before its records were delivered (a record is sent only
+        once its partition is registered), and before a DescribeTransactions showed it.
+        So N+1 starts in a later millisecond if it begins (and so registers its first
+        partition) a millisecond or more after that (1.1 ms, for clock jitter). Over a
+        network, EndTxn and the caller's own work usually take longer than that; against
+        a very fast local broker this wait is a large part of what two-phase commit
+        adds."""
+        wait = self.last_started_by + 0.0011 - time.monotonic()
         if wait > 0:
             self.spacing_wait_s += wait
             time.sleep(wait)
@@ -336,23 +362,75 @@ class TwoPhase:
         wait for sends under way, flush, require every record delivered, read this
         producer's id/epoch, and have the coordinator confirm them (``confirm``). Any
         failure leaves the transaction abortable (or the producer fatal), never "in
-        transaction", where a commit would bypass the protocol."""
+        transaction", where a commit would bypass the protocol.
+
+        The coordinator's DescribeTransactions is sent while the flush runs and read
+        when it answers (``_flush_describing``), so that its round trip overlaps the
+        flush's; its answer is used only if it shows this transaction
+        (``_shows_this``), otherwise the coordinator is asked again after the flush."""
         try:
             await_sends(deadline)
-            left = self._io.flush(max(0.0, deadline - time.monotonic()))
+            left, early = self._flush_describing(deadline)
+            flushed_at = time.monotonic()
             first_failure = self._deliveries.first_failure
             if first_failure is not None:
                 raise prepare_failed(f"a record failed: {first_failure}", first_failure)
             if left:
                 raise prepare_failed(f"{left} records still undelivered")
             pid, epoch = self.await_identity(self._io.poll, deadline)
-            state = self.confirm(pid, epoch, partial(self.cluster, self._io.producer, deadline))
+            cluster = partial(self.cluster, self._io.producer, deadline)
+            state = self.confirm(pid, epoch, cluster, early, flushed_at)
         except BaseException as exc:
             self._prepare_failed(exc)
             raise
         self.prepared = state
         self._life.transition_to(State.PREPARED)
         return state
+
+    def _flush_describing(self, deadline: float) -> tuple[int, _Seen | None]:
+        """Flush (returns how many records are left, as ``flush``), and meanwhile read
+        the coordinator's view of the transaction: a DescribeTransactions is sent once
+        librdkafka can have registered the transaction's partitions
+        (``_REGISTRATION_DELAY_S`` after begin), its answer read when it arrives
+        (between flush slices of ``_FLUSH_SLICE_S``), and sent again while it still
+        shows the previous transaction. Returns the first answer that shows an open
+        transaction with a new start time, if any (``confirm`` checks the rest). Only
+        over a coordinator connection already open (the first prepare just flushes), and
+        never retried: any failure leaves it to ``confirm``'s ordinary describe."""
+        client = self._client
+        if client is None:
+            return self._io.flush(max(0.0, deadline - time.monotonic())), None
+        ahead: DescribeAhead | None = None
+        seen: _Seen | None = None
+        send_at = self.begun_at + _REGISTRATION_DELAY_S
+        try:
+            while True:
+                now = time.monotonic()
+                if ahead is None and seen is None and now >= send_at:
+                    ahead = client.describe_ahead(deadline)
+                    self.describes_ahead += 1
+                    if ahead is None:
+                        send_at = math.inf  # no connection: describe after the flush
+                wait = deadline - now
+                if seen is None and ahead is not None:
+                    wait = min(wait, _FLUSH_SLICE_S)
+                elif seen is None and send_at != math.inf:
+                    # Whole milliseconds, at least one (see _FLUSH_SLICE_S).
+                    wait = min(wait, math.ceil(max(send_at - now, 0.0) * 1000 + 1e-6) / 1000)
+                left = self._io.flush(max(0.0, wait))
+                if ahead is not None and (left == 0 or ahead.ready()):
+                    answer, ahead = ahead.result(), None
+                    if answer is None:
+                        send_at = math.inf  # it failed: describe after the flush
+                    elif answer.state == "Ongoing" and answer.start_time_ms != self.last_start_ms:
+                        seen = _Seen(answer, time.monotonic())
+                    else:  # not this transaction yet (its partitions not registered)
+                        send_at = time.monotonic()
+                if left == 0 or time.monotonic() >= deadline:
+                    return left, seen
+        finally:
+            if ahead is not None:
+                ahead.abandon()
 
     def _prepare_failed(self, exc: BaseException) -> None:
         if self._life.state is not State.PREPARING:
@@ -438,10 +516,20 @@ class TwoPhase:
                 log.warning("could not read the cluster id: %s", exc)
         return self.cluster_id
 
-    def confirm(self, pid: int, epoch: int, cluster: Callable[[], str | None]) -> PreparedTxnState:
+    def confirm(
+        self,
+        pid: int,
+        epoch: int,
+        cluster: Callable[[], str | None],
+        early: _Seen | None = None,
+        flushed_at: float | None = None,
+    ) -> PreparedTxnState:
         """Prepare's coordinator step: the transaction must be open under this
         producer's id and epoch, with a start time recovery can tell from the previous
-        transaction's, and with enough of ``transaction.timeout.ms`` left."""
+        transaction's, and with enough of ``transaction.timeout.ms`` left. ``early``:
+        an answer read ahead (during the flush), used if it shows this transaction.
+        ``flushed_at``: when every record of the transaction was delivered (its start
+        time was stamped before, see space_transactions)."""
         time_left = self.transaction_timeout_s - (time.monotonic() - self.begun_at)
         if time_left < self.min_time_left_s:
             raise prepare_failed(
@@ -451,8 +539,16 @@ class TwoPhase:
                 "abort it before the decision lands. Raise transaction.timeout.ms or "
                 "send less per transaction"
             )
-        seen = self.call("prepare_transaction", self.client.describe, recovering=False)
-        self.last_describe_at = time.monotonic()
+        if early is not None and self._shows_this(early.description, pid, epoch):
+            seen, answered_at = early
+            self.describes_ahead_used += 1
+        else:
+            seen = self.call("prepare_transaction", self.client.describe, recovering=False)
+            answered_at = time.monotonic()
+        # The start time this answer shows was stamped before the answer came, and
+        # before the flush returned (space_transactions): the next transaction is
+        # spaced from the earlier of the two.
+        self.last_started_by = answered_at if flushed_at is None else min(answered_at, flushed_at)
         if seen.producer_id != pid or seen.producer_epoch != epoch:
             raise ProducerFencedError(
                 f"prepare_transaction(): the coordinator holds producer id "
@@ -478,6 +574,24 @@ class TwoPhase:
             txn_start_ms=seen.start_time_ms,
             cluster_id=cluster(),
             timeout_ms=int(self.transaction_timeout_s * 1000),
+        )
+
+    def _shows_this(self, seen: TransactionDescription, pid: int, epoch: int) -> bool:
+        """Whether an answer read ahead shows this transaction: open (Ongoing) under
+        this producer's id and epoch with a start time other than the previous
+        transaction's. Only this producer adds partitions under its id and epoch, and
+        the previous transaction had ended (EndTxn answered) before this one began, so
+        such an answer is this transaction, open since its first partition was added;
+        every record was delivered since (the flush), and an abort by the coordinator
+        (timeout, fencing) bumps the epoch and fails the records still to come, as
+        after an answer read once the flush is done. Anything else (the previous
+        transaction still shown, because the DescribeTransactions overtook this
+        transaction's first AddPartitionsToTxn; another id or epoch) is asked again."""
+        return (
+            seen.state == "Ongoing"
+            and seen.producer_id == pid
+            and seen.producer_epoch == epoch
+            and seen.start_time_ms != self.last_start_ms
         )
 
     # ------------------------------------------------------------------ recovery
@@ -537,6 +651,13 @@ class TwoPhase:
                 partial(self.client.end_txn, seen.producer_id, seen.producer_epoch, True),
                 recovering=True,
             )
+
+
+class _Seen(NamedTuple):
+    """A DescribeTransactions answer and when it was read (``time.monotonic()``)."""
+
+    description: TransactionDescription
+    at: float
 
 
 def _identity(state: PreparedTxnState) -> tuple[int | None, int | None, int | None]:

@@ -31,12 +31,13 @@ from .connection import (
     BrokerConnection,
     ConnectionSettings,
     DeadlineExceededError,
+    Exchange,
     NotKafkaError,
     ProtocolError,
 )
 from .messages import DESCRIBE_TRANSACTIONS, END_TXN, FIND_COORDINATOR, INIT_PRODUCER_ID
 
-__all__ = ["CoordinatorClient", "CoordinatorError", "TransactionDescription"]
+__all__ = ["CoordinatorClient", "CoordinatorError", "DescribeAhead", "TransactionDescription"]
 
 log = logging.getLogger("kafka_txn.coordinator")
 
@@ -109,6 +110,36 @@ class TransactionDescription:
         }
 
 
+class DescribeAhead:
+    """A DescribeTransactions in flight (``CoordinatorClient.describe_ahead``); call
+    ``result()`` or ``abandon()`` exactly once."""
+
+    def __init__(self, client: CoordinatorClient, exchange: Exchange) -> None:
+        self._client = client
+        self._exchange = exchange
+
+    def result(self) -> TransactionDescription | None:
+        """The coordinator's answer, or None if it failed in any way (a dropped
+        connection, an error code): the caller then describes the ordinary way, with
+        retries."""
+        try:
+            return self._client._description(self._exchange.answer())
+        except ProtocolError:
+            self._client._forget_coordinator()
+            return None
+        except CoordinatorError:
+            return None
+
+    def ready(self) -> bool:
+        """Whether the answer has begun to arrive."""
+        return self._exchange.ready()
+
+    def abandon(self) -> None:
+        """The answer is not wanted any more: drop the connection it would arrive on."""
+        self._exchange.abandon()
+        self._client._forget_coordinator()
+
+
 def _retriable(exc: BaseException) -> bool:
     if isinstance(exc, (AuthenticationError, NotKafkaError)):
         return False
@@ -139,6 +170,26 @@ class CoordinatorClient:
     def describe(self) -> TransactionDescription:
         """DescribeTransactions for this transactional id (Kafka >= 3.0)."""
         return self._with_retries("DescribeTransactions", self._describe_once)
+
+    def describe_ahead(self, deadline: float) -> DescribeAhead | None:
+        """DescribeTransactions sent now and read later (``DescribeAhead.result()``),
+        so that its round trip overlaps other work (prepare's flush). Only over a
+        coordinator connection already open, and never retried: None if there is none
+        or the request could not be sent; then, or when ``result()`` gives None, the
+        caller calls ``describe()``. ``deadline`` (``time.monotonic()``) bounds the
+        wait for the answer."""
+        conn = self._coordinator
+        if conn is None or conn.supports(DESCRIBE_TRANSACTIONS) < 0:
+            return None
+        conn.deadline = deadline
+        try:
+            exchange = conn.send(
+                DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [self.transactional_id]}
+            )
+        except ProtocolError:
+            self._forget_coordinator()
+            return None
+        return DescribeAhead(self, exchange)
 
     def end_txn(self, producer_id: int, producer_epoch: int, commit: bool) -> None:
         """EndTxn with the given identity; raises CoordinatorError for a refusal."""
@@ -301,9 +352,11 @@ class CoordinatorClient:
                 "the broker does not offer DescribeTransactions (Kafka >= 3.0 does): "
                 "two-phase commit and recovery need it to identify a prepared transaction"
             )
-        answer = conn.request(
-            DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [self.transactional_id]}
+        return self._description(
+            conn.request(DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [self.transactional_id]})
         )
+
+    def _description(self, answer: dict[str, Any]) -> TransactionDescription:
         [entry] = answer["transaction_states"]
         if entry["error_code"] == TRANSACTIONAL_ID_NOT_FOUND:
             # Described like noida-db's answer for an unknown id: ``found`` is false.

@@ -16,14 +16,15 @@ connection's ``deadline`` (set by the coordinator client for each of its calls) 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigurationError
 from .codec import NULLABLE_STRING, Reader, Writer, decode, encode
@@ -39,6 +40,7 @@ __all__ = [
     "BrokerConnection",
     "ConnectionSettings",
     "DeadlineExceededError",
+    "Exchange",
     "NotKafkaError",
     "ProtocolError",
 ]
@@ -268,6 +270,57 @@ _VERIFY_HINTS = {
 }
 
 
+class _Sent(NamedTuple):
+    api: Api
+    version: int
+    correlation: int
+    flexible: bool
+
+
+class Exchange:
+    """A request sent on a reserved connection whose answer is read later
+    (``BrokerConnection.send``). Exactly one of ``answer()`` or ``abandon()`` must be
+    called: both release the connection."""
+
+    def __init__(self, conn: BrokerConnection, sent: _Sent) -> None:
+        self._conn: BrokerConnection | None = conn
+        self._sent = sent
+
+    def answer(self) -> dict[str, Any]:
+        """The decoded answer (waits for it, within the connection's deadline)."""
+        conn = self._conn
+        if conn is None:
+            raise ProtocolError("the exchange was already read or abandoned")
+        self._conn = None
+        try:
+            return conn._receive(self._sent)
+        finally:
+            conn._lock.release()
+
+    def ready(self) -> bool:
+        """Whether the answer has begun to arrive (reading it then blocks at most until
+        the rest of it is in)."""
+        conn = self._conn
+        if conn is None:
+            return True
+        sock = conn._sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True  # closed: answer() reports it
+        return bool(readable)
+
+    def abandon(self) -> None:
+        """Give up on the answer: the connection is closed (an unread answer would be
+        read as the next request's) and released."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            conn._lock.release()
+
+
 class BrokerConnection:
     """A connected, authenticated socket to one broker, and the API versions it speaks.
 
@@ -313,36 +366,45 @@ class BrokerConnection:
 
     def request(self, api: Api, version: int, body: dict[str, Any]) -> dict[str, Any]:
         """Send one request and return its decoded response."""
-        flexible = api.flexible(version)
         with self._lock:
-            self._correlation += 1
-            correlation = self._correlation
-            header = Writer()
-            header.raw(struct.pack(">hhi", api.key, version, correlation))
-            NULLABLE_STRING.encode(header, self._settings.client_id, False)  # never compact
-            if flexible:
-                header.uvarint(0)  # request header v2: empty tagged fields
-            payload = header.getvalue() + encode(api.requests[version], body, flexible)
-            try:
-                self._sock.settimeout(self._timeout())
-                self._sock.sendall(struct.pack(">i", len(payload)) + payload)
-                head = self._read(4)
-                size = struct.unpack(">i", head)[0]
-                if not 4 <= size <= MAX_RESPONSE_BYTES:
-                    raise self._not_kafka(head)
-                data = self._read(size)
-            except DeadlineExceededError:
-                self.close()  # a request may be half sent or its answer half read
-                raise
-            except ssl.SSLError as exc:
-                self.close()
-                raise self._tls_failure(exc) from exc
-            except OSError as exc:
-                self.close()
-                raise ProtocolError(
-                    f"{api.name} to {self.address}: {exc or type(exc).__name__}"
-                    + self._first_answer_hint()
-                ) from exc
+            return self._receive(self._send(api, version, body))
+
+    def send(self, api: Api, version: int, body: dict[str, Any]) -> Exchange:
+        """Send one request now and read its response later (``Exchange.answer()``), so
+        that the round trip overlaps other work. The connection is reserved until the
+        answer is read or the exchange abandoned (``Exchange.abandon()``, which closes
+        the connection: an unread answer would be taken for the next request's)."""
+        self._lock.acquire()
+        try:
+            return Exchange(self, self._send(api, version, body))
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _send(self, api: Api, version: int, body: dict[str, Any]) -> _Sent:
+        flexible = api.flexible(version)
+        self._correlation += 1
+        correlation = self._correlation
+        header = Writer()
+        header.raw(struct.pack(">hhi", api.key, version, correlation))
+        NULLABLE_STRING.encode(header, self._settings.client_id, False)  # never compact
+        if flexible:
+            header.uvarint(0)  # request header v2: empty tagged fields
+        payload = header.getvalue() + encode(api.requests[version], body, flexible)
+        sent = _Sent(api, version, correlation, flexible)
+        with self._failures(sent):
+            self._sock.settimeout(self._timeout())
+            self._sock.sendall(struct.pack(">i", len(payload)) + payload)
+        return sent
+
+    def _receive(self, sent: _Sent) -> dict[str, Any]:
+        api, version, correlation, flexible = sent
+        with self._failures(sent):
+            head = self._read(4)
+            size = struct.unpack(">i", head)[0]
+            if not 4 <= size <= MAX_RESPONSE_BYTES:
+                raise self._not_kafka(head)
+            data = self._read(size)
         got = struct.unpack(">i", data[:4])[0]
         if got != correlation:
             self.close()
@@ -365,6 +427,25 @@ class BrokerConnection:
             raise ProtocolError(f"unreadable {api.name} v{version} response: {exc}") from exc
         self._answered = True
         return answer
+
+    @contextlib.contextmanager
+    def _failures(self, sent: _Sent) -> Iterator[None]:
+        """Socket failures of one exchange as ProtocolError (the connection closed: a
+        request may be half sent or its answer half read)."""
+        try:
+            yield
+        except DeadlineExceededError:
+            self.close()
+            raise
+        except ssl.SSLError as exc:
+            self.close()
+            raise self._tls_failure(exc) from exc
+        except OSError as exc:
+            self.close()
+            raise ProtocolError(
+                f"{sent.api.name} to {self.address}: {exc or type(exc).__name__}"
+                + self._first_answer_hint()
+            ) from exc
 
     # ------------------------------------------------------------------ connecting
     def _timeout(self) -> float:

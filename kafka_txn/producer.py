@@ -307,10 +307,16 @@ class TransactionalProducer:
             cb = None if on_delivery is None else self._deliveries.chain(on_delivery)
             try:
                 # Positional on purpose, and no more arguments than needed: confluent-kafka's
-                # argument parsing costs ~0.3 µs with keywords, ~0.1 µs for the last four.
-                # Order: topic, value, key, partition, callback, on_delivery, timestamp,
-                # headers; a None callback means the default one (Deliveries.sink).
-                if cb is None and timestamp == 0 and headers is None:
+                # argument parsing costs ~0.3 µs with keywords, and ~20 ns for a None key,
+                # ~40 ns for partition -1, each. Order: topic, value, key, partition,
+                # callback, on_delivery, timestamp, headers; a None callback means the
+                # default one (Deliveries.sink).
+                if cb is None and partition == -1 and timestamp == 0 and headers is None:
+                    if key is None:
+                        self._produce(topic, value)
+                    else:
+                        self._produce(topic, value, key)
+                elif cb is None and timestamp == 0 and headers is None:
                     self._produce(topic, value, key, partition)
                 else:
                     self._produce(topic, value, key, partition, cb, None, timestamp, headers)

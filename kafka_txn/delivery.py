@@ -17,13 +17,16 @@ their own work is done, with a note saying what that was.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, Message
 
 from .classification import exception_for, produce_failure
 from .errors import ErrorCategory, FatalError, ProduceFailedException
 from .metrics import MetricsHook
+
+if TYPE_CHECKING:
+    from .futures import DeliveryFuture
 
 __all__ = ["Deliveries", "DeliveryCallback"]
 
@@ -47,6 +50,7 @@ class Deliveries:
         "poll",
         "reports",
         "user_on_delivery",
+        "waiting",
     )
 
     def __init__(
@@ -65,6 +69,8 @@ class Deliveries:
         self.callback_error: BaseException | None = None
         self.poll = poll
         """The producer's ``poll()``: what a waiting ``DeliveryFuture`` drives."""
+        self.waiting: dict[DeliveryFuture, list[Callable[[DeliveryFuture], None]]] = {}
+        """``add_done_callback`` callbacks of pending futures, run by their report."""
         self._metrics = metrics
         self._on_fatal = on_fatal
 

@@ -5,10 +5,12 @@ thread, so a future that merely waited would wait forever in a single-threaded p
 ``result()`` therefore drives the producer's ``poll()`` until the report arrives.
 
 The class is built for the hot path: ``concurrent.futures.Future`` builds a lock and a
-condition per instance (about 1.5 µs); this one has three slots, is itself the delivery
-callback, and ``send()`` fills its slots inline rather than paying for an ``__init__``
-frame per record. Each pending future is still one object the garbage collector tracks,
-which is most of what ``send()`` costs over ``produce()`` (docs/performance.md).
+condition per instance (about 1.5 µs); this one has two slots (48 bytes), is itself the
+delivery callback, and ``send()`` builds it with a C-level ``DeliveryFuture()`` call (no
+``__init__`` frame) and two stores. The rare done-callbacks live with the producer's
+delivery bookkeeping (``Deliveries.waiting``), not in every future. Each pending future
+is still one object the garbage collector tracks, which is part of what ``send()`` costs
+over ``produce()`` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class _Owner(Protocol):
 
     user_on_delivery: Callable[..., None] | None
     poll: Callable[[float], int]
+    waiting: dict[DeliveryFuture, list[Callable[[DeliveryFuture], None]]]
 
     def stash_callback_error(self, exc: BaseException) -> None: ...
 
@@ -50,20 +53,14 @@ class _Owner(Protocol):
 
 class DeliveryFuture:
     """The delivery outcome of one record: its ``Message`` or a
-    ``ProduceFailedException``."""
+    ``ProduceFailedException``. ``TransactionalProducer.send()`` makes them."""
 
-    __slots__ = ("_callbacks", "_outcome", "_owner")
+    __slots__ = ("_outcome", "_owner")
 
+    # send() sets both, the report sets _outcome and then clears _owner: a future whose
+    # owner is gone is resolved.
     _owner: _Owner | None
     _outcome: Message | ProduceFailedException | _Pending
-    _callbacks: list[Callable[[DeliveryFuture], None]] | None
-
-    def __init__(self, owner: _Owner) -> None:
-        # send() builds futures inline with the same three stores (see the module
-        # docstring); keep the two in step.
-        self._owner = owner
-        self._outcome = _PENDING
-        self._callbacks = None
 
     def done(self) -> bool:
         """True once the record was delivered or failed."""
@@ -84,20 +81,27 @@ class DeliveryFuture:
 
     def add_done_callback(self, fn: Callable[[DeliveryFuture], None]) -> None:
         """Call ``fn(self)`` when the outcome is known (at once if it already is)."""
-        if self.done():
-            fn(self)
+        owner = self._owner
+        if owner is not None and self._outcome is _PENDING:
+            waiting = owner.waiting
+            waiting.setdefault(self, []).append(fn)
+            if self._outcome is _PENDING:
+                return  # the report, which looks after setting the outcome, runs it
+            # The report came meanwhile and may have looked before fn was added: whoever
+            # pops the entry (dict.pop is atomic under the GIL) runs its callbacks.
+            callbacks = waiting.pop(self, None)
+            for callback in callbacks or ():
+                callback(self)
             return
-        if self._callbacks is None:
-            self._callbacks = []
-        self._callbacks.append(fn)
+        fn(self)
 
     def _wait(self, timeout: float | None) -> Message | ProduceFailedException:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            owner = self._owner  # first: the report clears it after setting the outcome
             outcome = self._outcome
             if not isinstance(outcome, _Pending):
                 return outcome
-            owner = self._owner
             step = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
             if step <= 0 or owner is None:
                 raise TimeoutError("no delivery report yet; call flush() or wait longer")
@@ -107,7 +111,6 @@ class DeliveryFuture:
         """librdkafka's delivery report for this record. The future is itself the
         per-message callback: a bound method would be one more object per record."""
         owner = self._owner
-        self._owner = None  # keep nothing of the producer once resolved
         if owner is None:  # pragma: no cover - librdkafka reports each record once
             return
         if err is None:
@@ -116,10 +119,10 @@ class DeliveryFuture:
                 owner.on_delivery(None, msg)
         else:
             self._outcome = owner.failed_report(err, msg)
-        callbacks = self._callbacks
-        if callbacks is not None:
-            self._callbacks = None
-            for fn in callbacks:
+        self._owner = None  # keep nothing of the producer once resolved
+        if owner.waiting:
+            callbacks = owner.waiting.pop(self, None)
+            for fn in callbacks or ():
                 try:
                     fn(self)
                 except BaseException as exc:  # raised later, outside librdkafka's stack

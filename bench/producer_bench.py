@@ -1,22 +1,37 @@
-"""Producer throughput: kafka-txn against the raw confluent-kafka transactional producer,
-measured in the same run on the same broker (the test rig's: KAFKA_BOOTSTRAP_SERVERS, else
-testcontainers, else a local noida-db).
+"""Producer throughput, CPU and memory: kafka-txn against the raw confluent-kafka
+transactional producer, measured in the same run on the same broker (the test rig's:
+KAFKA_BOOTSTRAP_SERVERS, else testcontainers, else a local noida-db), both behind the
+same delay proxy (``--delay-ms``, default 0: direct).
 
-Scenarios (100-byte values): 200k records in 1000-record transactions through produce()
-and send(); 20k records in 10-record transactions through produce(). Runs are interleaved
-and repeated; the median of each is reported with its ratio to raw. Then a 1M-record
-transaction checks that delivered records leave no Python object behind.
+Scenarios (100-byte values, 3-partition topics, a fresh topic and producer per run):
+200k records in 1000-record transactions through raw produce(), produce() and send();
+20k records in 10-record transactions through raw produce() and produce(). Runs are
+interleaved and rotated; each figure is the median of its runs, with min..max, and each
+ratio the median of the per-round ratios (a round runs every scenario once), with their
+min..max. "CPU ns/rec" is the producing thread's CPU time per record
+(``time.thread_time``), steadier than throughput on a shared machine.
 
-    python bench/producer_bench.py [--repeat 5] [--scale 1.0]
+Then the memory held per in-flight record (records produced, their delivery reports not
+yet served, futures included): Python heap (tracemalloc) and C heap (glibc's
+mallinfo2: librdkafka's copy of the record and its bookkeeping), raw produce() against
+produce() and send(); and a 1M-record transaction through produce() and send() checks
+that delivered records leave no Python object behind.
+
+``--mock`` runs the CPU scenarios against librdkafka's mock cluster instead (no broker,
+no network: the producing thread's own cost, with no broker sharing the machine's cores).
+
+    python bench/producer_bench.py [--delay-ms 0] [--repeat 5] [--scale 1.0] [--mock]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import statistics
 import sys
 import time
+import tracemalloc
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,21 +40,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
 
+from bench._common import add_delay_argument, behind_delay, environment
 from kafka_txn import TransactionalProducer
-from tests.rig import Broker, start_broker
+from kafka_txn.testing import MockCluster
+from tests.rig import start_broker
 
 VALUE = b"x" * 100
 SETTLE_S = 1.0
-"""Pause after each run: the broker is still digesting the last run's records, which
-would otherwise slow down whichever run comes next."""
-
+"""Pause after each run on a real broker: it is still digesting the last run's records,
+which would otherwise slow down whichever run comes next."""
 
 Result = tuple[float, float]
 """(records per second, CPU nanoseconds per record on the producing thread)"""
 
+TARGETS: dict[str, tuple[str, float]] = {
+    # issue 13 (at 0 ms): throughput for send(), producing-thread CPU for produce()
+    "send 1000/txn": ("rec/s", 0.85),
+    "produce 1000/txn": ("cpu", 1.3),
+}
 
-def _raw(conf: dict[str, object], topic: str, total: int, per_txn: int) -> Result:
-    p = Producer(conf)
+
+def _raw(bootstrap: str, topic: str, total: int, per_txn: int) -> Result:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4()}"})
     p.init_transactions()
     cpu = time.thread_time()
     start = time.perf_counter()
@@ -59,8 +81,10 @@ def _raw(conf: dict[str, object], topic: str, total: int, per_txn: int) -> Resul
     return total / elapsed, cpu / total * 1e9
 
 
-def _ours(conf: dict[str, object], topic: str, total: int, per_txn: int, futures: bool) -> Result:
-    p = TransactionalProducer(conf)
+def _ours(bootstrap: str, topic: str, total: int, per_txn: int, futures: bool) -> Result:
+    p = TransactionalProducer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4()}"}
+    )
     p.init_transactions()
     send = p.send if futures else p.produce
     cpu = time.thread_time()
@@ -76,90 +100,220 @@ def _ours(conf: dict[str, object], topic: str, total: int, per_txn: int, futures
     return total / elapsed, cpu / total * 1e9
 
 
-def _memory_check(broker: Broker, topic: str, records: int) -> tuple[int, float]:
-    conf = {
-        "bootstrap.servers": broker.bootstrap_servers,
-        "transactional.id": f"bench-mem-{uuid.uuid4().hex[:6]}",
-    }
+_MALLINFO2_FIELDS = (
+    "arena",
+    "ordblks",
+    "smblks",
+    "hblks",
+    "hblkhd",
+    "usmblks",
+    "fsmblks",
+    "uordblks",
+    "fordblks",
+    "keepcost",
+)
+"""glibc's ``struct mallinfo2``, every field a size_t."""
+
+
+def _mallinfo() -> Callable[[], int] | None:
+    """Bytes glibc's malloc has handed out (all arenas), or None off glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in _MALLINFO2_FIELDS]
+
+    mallinfo2.restype = Info
+
+    def in_use() -> int:
+        info = mallinfo2()
+        return int(info.uordblks + info.hblkhd)
+
+    return in_use
+
+
+def _held_in_flight(
+    bootstrap: str, topic: str, scenario: str, records: int, python_heap: bool
+) -> float:
+    """Bytes per record held while ``records`` records wait for their delivery reports
+    (none is served: no poll), on the Python heap (tracemalloc) or the C heap."""
+    conf = {"bootstrap.servers": bootstrap, "transactional.id": f"bench-mem-{uuid.uuid4()}"}
+    p: Producer | TransactionalProducer = (
+        Producer(conf) if scenario == "raw" else TransactionalProducer(conf)
+    )
+    p.init_transactions()
+    p.begin_transaction()
+    call = p.send if isinstance(p, TransactionalProducer) and scenario == "send" else p.produce
+    measure = _mallinfo()
+    gc.collect()
+    if python_heap:
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+    else:
+        assert measure is not None
+        before = measure()
+    for _ in range(records):
+        call(topic, VALUE)  # futures are dropped: librdkafka keeps them until the report
+    if python_heap:
+        held = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+    else:
+        assert measure is not None
+        held = measure() - before
+    p.commit_transaction()
+    p.close() if isinstance(p, TransactionalProducer) else (p.flush(), p.close())
+    return held / records
+
+
+def _held_after_delivery(bootstrap: str, topic: str, records: int, futures: bool) -> int:
+    """Python objects left once a ``records``-record transaction's reports were served."""
+    conf = {"bootstrap.servers": bootstrap, "transactional.id": f"bench-mem-{uuid.uuid4()}"}
     with TransactionalProducer(conf) as p:
         p.init_transactions()
         p.begin_transaction()
+        send = p.send if futures else p.produce
         gc.collect()
         before = len(gc.get_objects())
-        start = time.perf_counter()
         for _ in range(records):
-            p.produce(topic, VALUE)
+            send(topic, VALUE)
         p.flush()
         gc.collect()
         held = len(gc.get_objects()) - before
         p.commit_transaction()
-        return held, records / (time.perf_counter() - start)
+        return held
+
+
+def _ratios(
+    results: dict[str, list[Result]], name: str, base: str, index: int
+) -> tuple[float, float, float]:
+    """Median, min and max of the per-round ratios of ``name`` to ``base``."""
+    per_round = [r[index] / b[index] for r, b in zip(results[name], results[base], strict=True)]
+    return statistics.median(per_round), min(per_round), max(per_round)
+
+
+def _report(results: dict[str, list[Result]]) -> None:
+    print(
+        f"\n{'scenario':<18}{'median rec/s':>13}{'min..max':>21}{'vs raw':>19}"
+        f"{'CPU ns/rec':>11}{'min..max':>15}{'vs raw':>19}  target"
+    )
+    for name, runs in results.items():
+        base = "raw 1000/txn" if "1000" in name else "raw 10/txn"
+        rates, cpus = [r[0] for r in runs], [r[1] for r in runs]
+        line = f"{name:<18}{statistics.median(rates):>13,.0f}"
+        line += f"{f'{min(rates):,.0f}..{max(rates):,.0f}':>21}"
+        rate_ratio = cpu_ratio = ""
+        if not name.startswith("raw"):
+            med, lo, hi = _ratios(results, name, base, 0)
+            rate_ratio = f"{med:.2f}x ({lo:.2f}..{hi:.2f})"
+            med, lo, hi = _ratios(results, name, base, 1)
+            cpu_ratio = f"{med:.2f}x ({lo:.2f}..{hi:.2f})"
+        line += f"{rate_ratio:>19}{statistics.median(cpus):>11,.0f}"
+        line += f"{f'{min(cpus):,.0f}..{max(cpus):,.0f}':>15}{cpu_ratio:>19}"
+        target = TARGETS.get(name)
+        if target is not None:
+            line += f"  {'rec/s >=' if target[0] == 'rec/s' else 'CPU <='} {target[1]}"
+        print(line)
+
+
+def _run_rounds(
+    scenarios: dict[str, Callable[[], Result]], repeat: int, settle: float
+) -> dict[str, list[Result]]:
+    results: dict[str, list[Result]] = {name: [] for name in scenarios}
+    names = list(scenarios)
+    for round_no in range(repeat):
+        # Interleaved and rotated, so drift and position in a round hit all alike.
+        shift = round_no % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(scenarios[name]())
+            time.sleep(settle)
+    return results
+
+
+def _scenarios(
+    bootstrap: str, fresh: Callable[[], str], scale: float
+) -> dict[str, Callable[[], Result]]:
+    big, small = int(200_000 * scale), int(20_000 * scale)
+    return {
+        "raw 1000/txn": lambda: _raw(bootstrap, fresh(), big, 1000),
+        "produce 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, futures=False),
+        "send 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, futures=True),
+        "raw 10/txn": lambda: _raw(bootstrap, fresh(), small, 10),
+        "produce 10/txn": lambda: _ours(bootstrap, fresh(), small, 10, futures=False),
+    }
+
+
+def _memory_report(bootstrap: str, fresh: Callable[[], str], scale: float) -> None:
+    records = int(50_000 * scale)
+    rows = []
+    for scenario in ("raw", "produce", "send"):
+        py = statistics.median(
+            _held_in_flight(bootstrap, fresh(), scenario, records, True) for _ in range(3)
+        )
+        c = (
+            statistics.median(
+                _held_in_flight(bootstrap, fresh(), scenario, records, False) for _ in range(3)
+            )
+            if _mallinfo() is not None
+            else float("nan")
+        )
+        rows.append((scenario, py, c))
+    print(f"\nmemory per in-flight record ({records:,} records, reports not served yet):")
+    print(f"{'':<10}{'Python heap B':>15}{'C heap B':>10}{'total B':>9}")
+    for scenario, py, c in rows:
+        print(f"{scenario:<10}{py:>15,.0f}{c:>10,.0f}{py + c:>9,.0f}")
+    total = int(1_000_000 * scale)
+    for futures in (False, True):
+        held = _held_after_delivery(bootstrap, fresh(), total, futures)
+        call = "send()" if futures else "produce()"
+        print(f"{total:,}-record transaction through {call}: Python objects held after "
+              f"delivery: {held}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply record counts")
+    parser.add_argument(
+        "--mock", action="store_true", help="librdkafka's mock cluster instead of a broker"
+    )
+    add_delay_argument(parser)
     args = parser.parse_args(argv)
+
+    if args.mock:
+        if args.delay_ms:
+            parser.error("--mock has no network to delay")
+        mock = MockCluster(brokers=1)
+        names = (f"bench-{n}" for n in range(1_000_000))
+
+        def mock_topic() -> str:
+            name = next(names)
+            mock.create_topic(name, partitions=3)
+            return name
+
+        print(f"{environment()}; librdkafka mock cluster")
+        try:
+            scenarios = _scenarios(mock.bootstrap_servers, mock_topic, args.scale)
+            _report(_run_rounds(scenarios, args.repeat, settle=0.0))
+            _memory_report(mock.bootstrap_servers, mock_topic, args.scale)
+        finally:
+            mock.close()
+        return 0
 
     broker = start_broker()
     try:
-        print(f"broker: {broker.description}")
+        with behind_delay(args.delay_ms, broker.bootstrap_servers) as net:
+            print(environment(net))
+            print(f"broker: {broker.description}")
 
-        def conf() -> dict[str, object]:
-            return {
-                "bootstrap.servers": broker.bootstrap_servers,
-                "transactional.id": f"bench-{uuid.uuid4().hex[:8]}",
-            }
+            def fresh() -> str:  # a new topic per run: a growing log must favour no run
+                return broker.create_topic(partitions=3, prefix="bench")
 
-        big, small = int(200_000 * args.scale), int(20_000 * args.scale)
-
-        def fresh() -> str:  # a new topic per run: a growing log must not favour any run
-            return broker.create_topic(partitions=3, prefix="bench")
-
-        scenarios: dict[str, Callable[[], Result]] = {
-            "raw 1000/txn": lambda: _raw(conf(), fresh(), big, 1000),
-            "produce 1000/txn": lambda: _ours(conf(), fresh(), big, 1000, futures=False),
-            "send 1000/txn": lambda: _ours(conf(), fresh(), big, 1000, futures=True),
-            "raw 10/txn": lambda: _raw(conf(), fresh(), small, 10),
-            "produce 10/txn": lambda: _ours(conf(), fresh(), small, 10, futures=False),
-        }
-        results: dict[str, list[Result]] = {name: [] for name in scenarios}
-        names = list(scenarios)
-        for round_no in range(args.repeat):
-            # Interleaved and rotated, so drift and position in a round hit all alike.
-            shift = round_no % len(names)
-            for name in names[shift:] + names[:shift]:
-                results[name].append(scenarios[name]())
-                time.sleep(SETTLE_S)
-        med = {name: statistics.median(r[0] for r in v) for name, v in results.items()}
-        cpu = {name: statistics.median(r[1] for r in v) for name, v in results.items()}
-
-        print(
-            f"\n{'scenario':<18}{'median rec/s':>13}{'min..max':>21}{'vs raw':>8}"
-            f"{'target':>8}{'CPU ns/rec':>12}{'vs raw':>8}"
-        )
-        targets = {"produce 1000/txn": 0.95, "send 1000/txn": 0.85, "produce 10/txn": 0.9}
-        for name, value in med.items():
-            base = "raw 1000/txn" if "1000" in name else "raw 10/txn"
-            target = targets.get(name)
-            raw = name.startswith("raw")
-            ratio = "" if raw else f"{value / med[base]:.2f}x"
-            cpu_ratio = "" if raw else f"{cpu[name] / cpu[base]:.2f}x"
-            rates = [r[0] for r in results[name]]
-            spread = f"{min(rates):,.0f}..{max(rates):,.0f}"
-            goal = "" if target is None else f">={target}"
-            print(
-                f"{name:<18}{value:>13,.0f}{spread:>21}{ratio:>8}{goal:>8}"
-                f"{cpu[name]:>12,.0f}{cpu_ratio:>8}"
-            )
-
-        records = int(1_000_000 * args.scale)
-        held, rate = _memory_check(broker, broker.create_topic(partitions=3), records)
-        print(
-            f"\n{records:,}-record transaction: {rate:,.0f} rec/s; "
-            f"Python objects held after delivery: {held}"
-        )
+            scenarios = _scenarios(net.bootstrap_servers, fresh, args.scale)
+            _report(_run_rounds(scenarios, args.repeat, settle=SETTLE_S))
+            _memory_report(net.bootstrap_servers, fresh, args.scale)
     finally:
         broker.stop()
     return 0

@@ -70,6 +70,12 @@ ms), and its main and broker threads then send it: a DescribeTransactions sent s
 after begin_transaction() would still show the previous transaction. Used only to time
 prepare's describe during the flush; nothing relies on it for correctness."""
 
+_AHEAD_MIN_RTT_S = 0.001
+"""prepare's DescribeTransactions goes during the flush only when the coordinator's
+round trip takes this long or longer: on a faster link most answers sent during the
+flush still show the previous transaction (librdkafka's registration timer, above), and
+asking again costs more CPU than the round trip it could save."""
+
 _FLUSH_SLICE_S = 0.001
 """While a DescribeTransactions is in flight, prepare's flush returns this often to see
 whether the answer came (the flush itself ends as soon as every record is delivered).
@@ -251,6 +257,8 @@ class TwoPhase:
         self.begun_at = 0.0
         self.spacing_wait_s = 0.0
         """Total time space_transactions() slept (for benchmarks and diagnostics)."""
+        self.describe_rtt_s: float | None = None
+        """Moving average of prepare's DescribeTransactions round trips."""
         self.describes_ahead = 0
         self.describes_ahead_used = 0
         """DescribeTransactions sent during prepare's flush, and how many of them
@@ -395,10 +403,13 @@ class TwoPhase:
         (between flush slices of ``_FLUSH_SLICE_S``), and sent again while it still
         shows the previous transaction. Returns the first answer that shows an open
         transaction with a new start time, if any (``confirm`` checks the rest). Only
-        over a coordinator connection already open (the first prepare just flushes), and
-        never retried: any failure leaves it to ``confirm``'s ordinary describe."""
+        over a coordinator connection already open (the first prepare just flushes),
+        when the coordinator's round trip is long enough to be worth it
+        (``_AHEAD_MIN_RTT_S``), and never retried: any failure leaves it to
+        ``confirm``'s ordinary describe."""
         client = self._client
-        if client is None:
+        rtt = self.describe_rtt_s
+        if client is None or rtt is None or rtt < _AHEAD_MIN_RTT_S:
             return self._io.flush(max(0.0, deadline - time.monotonic())), None
         ahead: DescribeAhead | None = None
         seen: _Seen | None = None
@@ -543,8 +554,12 @@ class TwoPhase:
             seen, answered_at = early
             self.describes_ahead_used += 1
         else:
+            connected, asked_at = self._client is not None, time.monotonic()
             seen = self.call("prepare_transaction", self.client.describe, recovering=False)
             answered_at = time.monotonic()
+            if connected:  # the first one also connects: not a round trip
+                rtt, last = self.describe_rtt_s, answered_at - asked_at
+                self.describe_rtt_s = last if rtt is None else 0.8 * rtt + 0.2 * last
         # The start time this answer shows was stamped before the answer came, and
         # before the flush returned (space_transactions): the next transaction is
         # spaced from the earlier of the two.

@@ -1,11 +1,13 @@
 """prepare_transaction() asks the coordinator (DescribeTransactions) while its flush runs
-(issue 13): the answer is used only when it shows this transaction, and anything else
-(an answer that overtook the transaction's AddPartitionsToTxn, an error) is asked again
-the ordinary way. Run through tests/kafka_proxy.py, which holds back or fails the
-requests on the real broker."""
+when the coordinator is a millisecond or more away (issue 13): the answer is used only
+when it shows this transaction, and anything else (an answer that overtook the
+transaction's AddPartitionsToTxn, an error) is asked again the ordinary way. Run through
+tests/kafka_proxy.py, which puts the coordinator's answers 5 ms away and holds back or
+fails requests on the real broker."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +26,8 @@ pytestmark = pytest.mark.broker
 @pytest.fixture
 def proxy(broker: Broker) -> Iterator[KafkaProxy]:
     with KafkaProxy(broker.bootstrap_servers) as kafka_proxy:
+        # A coordinator far enough away for prepare to ask it during the flush.
+        kafka_proxy.delay(ApiKey.DESCRIBE_TRANSACTIONS, 5)
         yield kafka_proxy
 
 
@@ -45,6 +49,15 @@ def _transaction(producer: TransactionalProducer, topic: str, value: bytes) -> P
     producer.begin_transaction()
     producer.produce(topic, value)
     return producer.prepare_transaction()
+
+
+def _warm_up(producer: TransactionalProducer, topic: str) -> PreparedTxnState:
+    """Two transactions: the first prepare connects to the coordinator, the second
+    measures its round trip (prepare asks during the flush only when it is long)."""
+    for value in (b"warm-1", b"first"):
+        state = _transaction(producer, topic, value)
+        producer.complete_transaction(state)
+    return state
 
 
 def _describe(broker: Broker, txn_id: str) -> Any:
@@ -69,8 +82,7 @@ def test_an_answer_that_overtook_the_partition_registration_is_asked_again(
     prepare asks again until the coordinator shows this one, and never takes the
     previous transaction's answer for this one's (which would prepare the empty state:
     "nothing to commit")."""
-    first = _transaction(producer, topic, b"first")
-    producer.complete_transaction(first)
+    first = _warm_up(producer, topic)
     before = proxy.count(ApiKey.DESCRIBE_TRANSACTIONS)
     late = proxy.before(ApiKey.ADD_PARTITIONS_TO_TXN, _hold_back(100), times=1)
     state = _transaction(producer, topic, b"second")
@@ -82,29 +94,38 @@ def test_an_answer_that_overtook_the_partition_registration_is_asked_again(
     seen = _describe(broker, producer_config["transactional.id"])
     assert (seen.state, seen.start_time_ms) == ("Ongoing", state.txn_start_ms)
     assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
-    assert sorted(v for _, v in broker.read_committed(topic, expected=2)) == [b"first", b"second"]
+    values = sorted(v for _, v in broker.read_committed(topic, expected=3))
+    assert values == [b"first", b"second", b"warm-1"]
 
 
 def test_an_answer_read_during_the_flush_that_is_an_error_is_asked_again(
     broker: Broker, topic: str, producer: TransactionalProducer, producer_config: dict[str, Any],
     proxy: KafkaProxy,
 ) -> None:  # fmt: skip
-    """The DescribeTransactions sent during the flush (held long by a late
-    AddPartitionsToTxn) is answered COORDINATOR_LOAD_IN_PROGRESS: prepare asks again
-    after the flush, the ordinary way, and prepares this transaction."""
-    first = _transaction(producer, topic, b"first")
-    producer.complete_transaction(first)
-    proxy.before(ApiKey.ADD_PARTITIONS_TO_TXN, _hold_back(50), times=1)
+    """The DescribeTransactions sent during the flush (while AddPartitionsToTxn is held
+    back, so it can only be that one) is answered COORDINATOR_LOAD_IN_PROGRESS: prepare
+    asks again after the flush, the ordinary way, and prepares this transaction."""
+    first = _warm_up(producer, topic)
+    holding = threading.Event()
+
+    def hold(request: Request) -> None:
+        holding.set()
+        time.sleep(0.1)
+        holding.clear()
+
+    proxy.before(ApiKey.ADD_PARTITIONS_TO_TXN, hold, times=1)
     refused = proxy.fail(
-        ApiKey.DESCRIBE_TRANSACTIONS, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, times=1
-    )
+        ApiKey.DESCRIBE_TRANSACTIONS, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, times=1,
+        when=lambda request: holding.is_set(),
+    )  # fmt: skip
     state = _transaction(producer, topic, b"second")
-    assert refused.hits == 1
+    assert refused.hits == 1  # the one sent during the flush
     seen = _describe(broker, producer_config["transactional.id"])
     assert (seen.state, seen.start_time_ms) == ("Ongoing", state.txn_start_ms)
     assert state.txn_start_ms != first.txn_start_ms
     assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
-    assert sorted(v for _, v in broker.read_committed(topic, expected=2)) == [b"first", b"second"]
+    values = sorted(v for _, v in broker.read_committed(topic, expected=3))
+    assert values == [b"first", b"second", b"warm-1"]
 
 
 def test_a_prepare_that_fails_with_an_answer_in_flight_leaves_the_next_one_working(
@@ -113,14 +134,16 @@ def test_a_prepare_that_fails_with_an_answer_in_flight_leaves_the_next_one_worki
     """The flush times out (AddPartitionsToTxn held back past prepare's timeout) while a
     DescribeTransactions is in flight: prepare fails (abortable), its unread answer is
     dropped with its connection, and the next transaction prepares and commits."""
-    first = _transaction(producer, topic, b"first")
-    producer.complete_transaction(first)
+    _warm_up(producer, topic)
+    before = proxy.count(ApiKey.DESCRIBE_TRANSACTIONS)
     proxy.before(ApiKey.ADD_PARTITIONS_TO_TXN, _hold_back(1500), times=1)
     producer.begin_transaction()
     producer.produce(topic, b"dropped")
     with pytest.raises(Exception, match="undelivered"):
         producer.prepare_transaction(timeout=0.5)
+    assert proxy.count(ApiKey.DESCRIBE_TRANSACTIONS) > before  # one was in flight
     producer.abort_transaction()
     state = _transaction(producer, topic, b"next")
     assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
-    assert sorted(v for _, v in broker.read_committed(topic, expected=2)) == [b"first", b"next"]
+    values = sorted(v for _, v in broker.read_committed(topic, expected=3))
+    assert values == [b"first", b"next", b"warm-1"]

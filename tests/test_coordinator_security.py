@@ -684,8 +684,9 @@ def test_the_cli_names_a_port_that_is_not_kafka(http_server, capsys):
     )  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1
-    assert f"{http_server} does not speak the Kafka protocol (answered like HTTP/1.1 400" in err
-    assert "response size" not in err
+    assert err.startswith(f"kafka-txn: error: {http_server} is not a usable Kafka broker: ")
+    assert "does not speak the Kafka protocol (answered like HTTP/1.1 400" in err
+    assert "response size" not in err and err.count(http_server) == 1
 
 
 @pytest.mark.parametrize(

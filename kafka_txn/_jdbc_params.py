@@ -189,14 +189,20 @@ _UTC_NAMES: Final = frozenset(
     | {f"etc/{name}" for name in ("utc", "gmt", "uct", "universal", "zulu", "greenwich",
                                   "gmt0", "gmt+0", "gmt-0")}
 )  # fmt: skip
+# MariaDB's time_zone offsets (its time_zone documentation; both ends connect to MariaDB
+# 10.11 in tests/test_jdbc.py): -12:59 to +13:00, in minutes.
+_MAX_EAST: Final = 13 * 60
+_MAX_WEST: Final = 12 * 60 + 59
 _OFFSET: Final = re.compile(r"(?:gmt|utc|ut)?\s*([+-])(\d{1,2})(?::?(\d{2}))?")
 _ETC_GMT: Final = re.compile(r"etc/gmt([+-])(\d{1,2})")
 
 
 def _mysql_time_zone(zone: str) -> str:
     """``serverTimezone`` as a MySQL/MariaDB ``time_zone`` offset (``+08:00``); refuses
-    what is not a fixed offset. MySQL takes -13:59 to +14:00 (MariaDB -12:59 to +13:00,
-    checked by the server)."""
+    what is not a fixed offset, and offsets outside -12:59 to +13:00: MariaDB refuses
+    them when connecting (error 1298, "Unknown or incorrect time zone"), and a
+    ``jdbc:mysql:`` URL may point at a MariaDB as well as at a MySQL (which takes -13:59
+    to +14:00), so both subprotocols are held to the range both servers take."""
     text = zone.strip().lower()
     if text in _UTC_NAMES:
         return "+00:00"
@@ -214,9 +220,12 @@ def _mysql_time_zone(zone: str) -> str:
             "saving, and a MariaDB without time zone tables does not know it"
         )
     total = hours * 60 + minutes
-    if minutes >= 60 or (sign == "+" and total > 14 * 60) or (sign == "-" and total > 13 * 60 + 59):
+    if minutes >= 60 or total > (_MAX_EAST if sign == "+" else _MAX_WEST):
         raise ConfigurationError(
-            f"serverTimezone={zone!r} is outside MySQL's range of offsets, -13:59 to +14:00"
+            f"serverTimezone={zone!r} is outside -12:59 to +13:00, the offsets both MariaDB "
+            "and MySQL take (MariaDB refuses the others when connecting; MySQL alone takes "
+            "-13:59 to +14:00: for those, give SQLAlchemy a mysql+pymysql:// URL with "
+            "init_command)"
         )
     return "+00:00" if total == 0 else f"{sign}{hours:02d}:{minutes:02d}"
 
@@ -225,21 +234,31 @@ def _mysql_server_timezone(value: str) -> dict[str, str]:
     return {"init_command": f"SET time_zone = '{_mysql_time_zone(value)}'"}
 
 
-# Java charset names (and their MySQL names) -> MySQL character sets PyMySQL knows.
-_CHARSETS: Final = {
-    "utf-8": "utf8mb4", "utf8": "utf8mb4", "utf8mb4": "utf8mb4",
-    "iso-8859-1": "latin1", "iso8859_1": "latin1", "iso_8859_1": "latin1",
-    "latin1": "latin1", "cp1252": "latin1", "windows-1252": "latin1",
-    "us-ascii": "ascii", "ascii": "ascii",
+# Java charset names (and their MySQL names), as spelled in the docs -> the MySQL
+# character sets PyMySQL knows. Matched case-insensitively; nothing else is accepted
+# (docs/dual-write.md lists these names, checked by tests/test_jdbc.py).
+CHARSETS: Final = {
+    "UTF-8": "utf8mb4", "utf8": "utf8mb4", "utf8mb4": "utf8mb4",
+    "ISO-8859-1": "latin1", "ISO8859_1": "latin1", "ISO_8859_1": "latin1",
+    "latin1": "latin1", "Cp1252": "latin1", "windows-1252": "latin1",
+    "US-ASCII": "ascii", "ascii": "ascii",
 }  # fmt: skip
+_CHARSET_BY_LOWER: Final = {name.lower(): charset for name, charset in CHARSETS.items()}
+
+
+def _accepted_encodings() -> str:
+    groups: dict[str, list[str]] = {}
+    for name, charset in CHARSETS.items():
+        groups.setdefault(charset, []).append(name)
+    return "; ".join(f"{', '.join(names)} (MySQL's {cs})" for cs, names in groups.items())
 
 
 def _mysql_character_encoding(value: str) -> dict[str, str]:
-    charset = _CHARSETS.get(value.strip().lower())
+    charset = _CHARSET_BY_LOWER.get(value.strip().lower())
     if charset is None:
         raise ConfigurationError(
-            f"characterEncoding={value!r} has no mapping here: use UTF-8 (MySQL's "
-            "utf8mb4), ISO-8859-1 (latin1) or US-ASCII (ascii)"
+            f"characterEncoding={value!r} has no mapping here; the accepted names (any "
+            f"case) are {_accepted_encodings()}"
         )
     return {"charset": charset}
 

@@ -12,6 +12,8 @@ from typing import Any, Final
 
 from sqlalchemy import Engine
 
+from .config import TWO_PHASE_COMMIT_KEY, validate_config
+from .coordinator.security import check_security_keys
 from .dualwrite import database_url, validate_seconds
 from .errors import ConfigurationError
 from .jdbc import redact_jdbc_url, redact_settings
@@ -84,8 +86,8 @@ _SQLITE_ISOLATION: Final = ("SERIALIZABLE",)
 
 @dataclass(frozen=True, repr=False)
 class SinkOptions:
-    """The sink's settings, validated (the URL's parameters too: on the driver, before a
-    task runs)."""
+    """The sink's settings, validated (the URL's parameters and the Kafka settings too:
+    on the driver, before a task runs)."""
 
     transactional_id_prefix: str
     url: str
@@ -170,6 +172,7 @@ class SinkOptions:
                 "characters and stable across restarts of the query: it names each "
                 "partition's transactional id"
             )
+        _check_kafka(kafka, prefix)
         url, dbtable = given.get("url"), given.get("dbtable")
         if not url or not dbtable:
             raise ConfigurationError("the sink needs url= (a JDBC URL) and dbtable=")
@@ -195,6 +198,18 @@ class SinkOptions:
             start_over=_flag(given.get("start_over", False), "start_over (startOver)"),
             lock_timeout=_seconds(given.get("lock_timeout", cls.lock_timeout)),
         )
+
+
+def _check_kafka(kafka: Mapping[str, Any], prefix: str) -> None:
+    """The Kafka settings checked on the driver as each task's DualWriter checks them
+    (``TransactionalProducer``: ``validate_config``, then, two-phase commit being on, the
+    coordinator client's ``check_security_keys``), without building a producer: a
+    setting two-phase commit refuses (``ssl.keystore.location``, ``sasl.kerberos.*``...)
+    fails when the sink is built, not in every task. The files the settings name
+    (``ssl.ca.location``...) are left to the executors, where they may be the only
+    copies."""
+    conf = {**kafka, "transactional.id": f"{prefix}-0", TWO_PHASE_COMMIT_KEY: True}
+    check_security_keys(validate_config(conf).librdkafka)
 
 
 def with_isolation(engine: Engine, level: str | None) -> Engine:

@@ -61,7 +61,6 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
-    create_engine,
     func,
     insert,
     inspect,
@@ -88,7 +87,7 @@ from .errors import (
     TransactionOutcomeUnknowableError,
     root_exception,
 )
-from .jdbc import jdbc_to_sqlalchemy, redact_jdbc_url
+from .jdbc import bounded_engine, jdbc_to_sqlalchemy, redact_jdbc_url
 from .metrics import MetricsHook
 from .producer import Serializer, TransactionalProducer
 from .recovery import TransactionOutcome
@@ -161,7 +160,8 @@ def database_url(database: str | URL, user: str | None, password: str | None) ->
 
 
 def engine_for(database: str | URL | Engine, user: str | None, password: str | None) -> Engine:
-    """A SQLAlchemy Engine for a JDBC URL, a SQLAlchemy URL or an Engine (returned as is)."""
+    """A SQLAlchemy Engine for a JDBC URL, a SQLAlchemy URL or an Engine (returned as is).
+    Built by ``jdbc.bounded_engine``: a MySQL/MariaDB handshake cannot hang."""
     if isinstance(database, Engine):
         return database
     url = database_url(database, user, password)
@@ -169,7 +169,7 @@ def engine_for(database: str | URL | Engine, user: str | None, password: str | N
     if url.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 30}  # wait for the other writer's lock
     try:
-        return create_engine(url, **kwargs)
+        return bounded_engine(url, **kwargs)
     except NoSuchModuleError as exc:
         raise ConfigurationError(
             f"SQLAlchemy has no dialect/driver {url.drivername!r}: use a JDBC URL, or "

@@ -7,7 +7,12 @@ repr(). Hypothesis mutates valid URLs and records the branches it reached (``eve
 from __future__ import annotations
 
 import math
+import re
+import socket
+import threading
 import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -18,8 +23,9 @@ from sqlalchemy import Column, Integer, MetaData, Table, create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from kafka_txn import ConfigurationError
+from kafka_txn._jdbc_params import CHARSETS
 from kafka_txn._spark_options import SinkOptions
-from kafka_txn.dualwrite import DualWriter
+from kafka_txn.dualwrite import DualWriter, engine_for
 from kafka_txn.jdbc import jdbc_to_sqlalchemy, redact_jdbc_url
 
 SECRET = "Zq7-s3cr3t"  # distinctive: found in a message only if the message leaks it
@@ -69,6 +75,11 @@ def test_jdbc_credentials_from_arguments_win():
         ("jdbc:postgresql://h", "exactly one database"),
         ("jdbc:postgresql://h/a/b", "exactly one database"),
         ("jdbc:postgresql://h:notaport/app", "bad host or port"),
+        # Port 0 is not "the default port": refused, not turned into 5432.
+        ("jdbc:postgresql://h:0/app", "port 0 is not a port"),
+        ("jdbc:mysql://h:00/app", "port 0 is not a port"),
+        # No '/' between the host and the database: '#' does not end the host.
+        ("jdbc:postgresql://h#app", "exactly one database"),
         ("jdbc:postgresql:///app", "no host"),
         ("jdbc:postgresql://u:p@h/app", "credentials"),
         ("jdbc:sqlite://h/x", "SQLite takes a file path"),
@@ -107,6 +118,9 @@ def test_fuzz_jdbc_parser_raises_only_configuration_error(text_):
         "jdbc:mariadb:failover://h1,h2/db",
         "jdbc:mariadb:sequential://h1,h2/db",
         "jdbc:mariadb:aurora://cluster.example/db",
+        # Connector/J's bracketed host list: not a bad IPv6 address.
+        "jdbc:mysql://[h1:3306,h2:3306]/db",
+        "jdbc:mariadb://[h1,h2]/db",
     ],
 )
 def test_multi_host_urls_are_not_supported(jdbc):
@@ -118,6 +132,7 @@ def test_multi_host_urls_are_not_supported(jdbc):
     ("jdbc", "needle"),
     [
         ("jdbc:mysql://address=(host=h1)(port=3306)/db", "address=(host=...)"),
+        ("jdbc:mysql://(host=h1,port=3306)/db", "(host=...,port=...)"),
         ("jdbc:mysql+srv://cluster.example/db", "DNS SRV"),
     ],
 )
@@ -156,6 +171,8 @@ def test_other_host_forms_are_not_supported(jdbc, needle):
         ("jdbc:mysql://h/d?characterEncoding=utf8", {"charset": "utf8mb4"}),
         ("jdbc:mysql://h/d?characterEncoding=ISO-8859-1", {"charset": "latin1"}),
         ("jdbc:mysql://h/d?characterEncoding=US-ASCII", {"charset": "ascii"}),
+        ("jdbc:mysql://h/d?characterEncoding=Cp1252", {"charset": "latin1"}),
+        ("jdbc:mysql://h/d?characterEncoding=utf8mb4", {"charset": "utf8mb4"}),
         # Connector/J counts milliseconds, PyMySQL seconds (rounded up; 0: no limit).
         ("jdbc:mysql://h/d?connectTimeout=5000", {"connect_timeout": "5"}),
         ("jdbc:mariadb://h/d?connectTimeout=1500", {"connect_timeout": "2"}),
@@ -180,7 +197,7 @@ def test_verify_identity_checks_the_host_against_the_system_cas():
     [("UTC", "+00:00"), ("gmt", "+00:00"), ("Etc/UTC", "+00:00"), ("Z", "+00:00"),
      ("GMT%2B8", "+08:00"), ("UTC-05:30", "-05:30"), ("%2B0530", "+05:30"),
      ("Etc/GMT-3", "+03:00"), ("Etc/GMT%2B10", "-10:00"), ("GMT-0", "+00:00"),
-     ("%2B14:00", "+14:00"), ("-13:59", "-13:59")],
+     ("%2B13:00", "+13:00"), ("-12:59", "-12:59"), ("Etc/GMT-13", "+13:00")],
 )  # fmt: skip
 def test_server_timezone_becomes_a_fixed_session_offset(zone, offset):
     query = _query(f"jdbc:mysql://h/d?serverTimezone={zone}")
@@ -203,9 +220,16 @@ def test_server_timezone_becomes_a_fixed_session_offset(zone, offset):
         ("jdbc:mysql://h/d?sslMode=STRICT", ["sslMode='STRICT'", "VERIFY_IDENTITY", "trust"]),
         ("jdbc:mysql://h/d?serverTimezone=Europe/Paris", ["'Europe/Paris'", "daylight saving"]),
         ("jdbc:mysql://h/d?serverTimezone=GMT+8", ["'GMT 8'", "written %2B"]),
-        ("jdbc:mysql://h/d?serverTimezone=%2B14:30", ["-13:59 to +14:00"]),
-        ("jdbc:mysql://h/d?serverTimezone=%2B05:75", ["-13:59 to +14:00"]),
-        ("jdbc:mysql://h/d?characterEncoding=Big5", ["'Big5'", "UTF-8"]),
+        ("jdbc:mysql://h/d?serverTimezone=%2B14:30", ["-12:59 to +13:00"]),
+        ("jdbc:mysql://h/d?serverTimezone=%2B05:75", ["-12:59 to +13:00"]),
+        # Offsets MySQL takes and MariaDB refuses (error 1298 when connecting): refused
+        # here for jdbc:mariadb, and for jdbc:mysql, which may point at either server.
+        ("jdbc:mariadb://h/d?serverTimezone=Etc/GMT-14", ["-12:59 to +13:00", "MariaDB"]),
+        ("jdbc:mysql://h/d?serverTimezone=UTC%2B14:00", ["-12:59 to +13:00", "MariaDB"]),
+        ("jdbc:mysql://h/d?serverTimezone=%2B13:01", ["-12:59 to +13:00"]),
+        ("jdbc:mariadb://h/d?serverTimezone=-13:00", ["-12:59 to +13:00"]),
+        ("jdbc:mysql://h/d?serverTimezone=GMT-13:59", ["-12:59 to +13:00"]),
+        ("jdbc:mysql://h/d?characterEncoding=Big5", ["'Big5'", "UTF-8", "Cp1252", "utf8mb4"]),
         ("jdbc:mysql://h/d?connectTimeout=5.5", ["whole number of milliseconds"]),
         ("jdbc:mariadb://h/d?connectTimeout=99999999999", ["milliseconds"]),
     ],
@@ -306,8 +330,194 @@ def test_fuzz_redaction_never_shows_a_planted_password(scheme, where, secret, be
     assert secret not in shown
 
 
+# ------------------------------------------------------------------ passwords in other forms
+# Where the Java drivers (or SQL Server's) put a password that no parameter of ours names:
+# MySQL's key-value host forms, ';'-properties after the database or inside a value. Each
+# is refused, and neither the error, nor the redacted URL, nor a repr shows the password.
+_OTHER_FORMS = {
+    "address": "jdbc:mysql://address=(host=h1)(port=3306)({key}={value})/test",
+    "address_more": "jdbc:mariadb://address=(host=h1)(port=3306)(user=u)({key}={value})/test?x=1",
+    "parenthesised": "jdbc:mysql://(host=h1,port=3306,{key}={value})/test",
+    "bracketed": "jdbc:mysql://[(host=h1,port=3306,{key}={value})]/test",
+    "listed": "jdbc:mysql://h1:3306,(host=h2,{key}={value})/test",
+    "db_semicolon": "jdbc:postgresql://127.0.0.1:5432/test;{key}={value}",
+    "db_semicolon_mysql": "jdbc:mysql://127.0.0.1:3306/test;{key}={value}",
+    "user_semicolon": "jdbc:mysql://127.0.0.1:3306/test?user=root;{key}={value}",
+    "value_semicolon": "jdbc:postgresql://h/test?sslmode=require;{key}={value}&ssl=true",
+    "value_blank": "jdbc:postgresql://h/test?ApplicationName=app%20{key}%3D{value}",
+    "fragment": "jdbc:postgresql://h1#{key}={value}",
+    "ampersand": "jdbc:postgresql://h1/test&{key}={value}",
+}
+_PASSWORD_KEYS = ["password", "PASSWORD", "Pwd", "passwd", "trustStorePassword", "sslpassword",
+                  "clientSecret", "pass%77ord"]  # fmt: skip
+
+
+def _everything_shown(jdbc: str) -> list[str]:
+    """Every text the URL reaches: its redacted form, the parser's error, the Spark
+    sink's options error (or repr, were it accepted)."""
+    shown = [redact_jdbc_url(jdbc)]
+    keywords = {"url": jdbc, "dbtable": "t", "transactional_id_prefix": "p"}
+    for build in (
+        lambda: repr(jdbc_to_sqlalchemy(jdbc)),
+        lambda: repr(SinkOptions.build(keywords, {"kafka.bootstrap.servers": "127.0.0.1:9"})),
+    ):
+        try:
+            shown.append(build())
+        except ConfigurationError as exc:
+            shown.append(str(exc))
+    return shown
+
+
+@pytest.mark.parametrize("form", sorted(_OTHER_FORMS))
+@pytest.mark.parametrize("key", _PASSWORD_KEYS)
+def test_passwords_in_other_forms_are_refused_and_never_shown(form, key):
+    jdbc = _OTHER_FORMS[form].format(key=key, value=SECRET)
+    message = _refused(jdbc)
+    assert "invalid JDBC URL" in message
+    for shown in _everything_shown(jdbc):
+        assert SECRET not in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("jdbc", "needle"),
+    [
+        (f"jdbc:postgresql://127.0.0.1:5432/test;password={SECRET}", "?name=value"),
+        ("jdbc:postgresql://h/test;sslmode=require", "that is SQL Server's"),
+        ("jdbc:postgresql://h/test%3Bx", "the database name holds ';'"),
+        (f"jdbc:mysql://h/test?user=root;password={SECRET}", "joined by '&'"),
+        ("jdbc:postgresql://h/test?ApplicationName=a;sslmode=disable", "';name=value'"),
+        (f"jdbc:mysql://address=(host=h1)(port=3306)(password={SECRET})/test",
+         "address=(host=...)"),
+        (f"jdbc:mysql://(host=h1,port=3306,password={SECRET})/test", "(host=...,port=...)"),
+    ],
+)  # fmt: skip
+def test_semicolon_properties_and_key_value_hosts_name_the_fix(jdbc, needle):
+    message = _refused(jdbc)
+    assert needle in message
+    assert SECRET not in message
+
+
+def test_a_password_may_hold_semicolons_and_equals_signs():
+    """Only the password's value may hold ';name=': it is never shown."""
+    url = jdbc_to_sqlalchemy(f"jdbc:postgresql://h/db?user=u&password=a;b%3D{SECRET}")
+    assert url.password == f"a;b={SECRET}"
+    shown = redact_jdbc_url(f"jdbc:postgresql://h/db?user=u&password=a;b={SECRET}")
+    assert shown == "jdbc:postgresql://h/db?user=u&password=***"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (f"jdbc:postgresql://h/db?user=root;password={SECRET}&ssl=true",
+         "jdbc:postgresql://h/db?user=***&ssl=true"),
+        (f"jdbc:postgresql://h/db?user=root%3BPWD%3D{SECRET}", "jdbc:postgresql://h/db?user=***"),
+        (f"jdbc:postgresql://h/db;password={SECRET}", "jdbc:postgresql://<redacted>"),
+        (f"jdbc:mysql://address=(host=h)(PassWord={SECRET})/db", "jdbc:mysql://<redacted>"),
+        (f"jdbc:mysql://(host=h,secret = {SECRET})/db", "jdbc:mysql://<redacted>"),
+        (f"postgresql+psycopg://h/test%3Bpass%77ord%3D{SECRET}",
+         "postgresql+psycopg://<redacted>"),
+        ("jdbc:postgresql://passwords.example/db?user=u", "jdbc:postgresql://passwords.example/db?user=u"),
+    ],
+)  # fmt: skip
+def test_redaction_masks_password_assignments_anywhere(url, shown):
+    assert redact_jdbc_url(url) == shown
+
+
+@settings(max_examples=300)
+@given(
+    form=st.sampled_from(sorted(_OTHER_FORMS)),
+    key=st.sampled_from(_PASSWORD_KEYS) | st.from_regex(r"[a-z]{0,4}(pass|pwd|secret)[a-z]{0,4}",
+                                                        fullmatch=True),
+    tail=st.text(max_size=10),
+    encode=st.booleans(),
+)  # fmt: skip
+def test_fuzz_passwords_planted_in_other_forms_never_show(form, key, tail, encode):
+    """A password planted in any of these forms, raw (its characters may restructure the
+    URL) or percent-encoded, in any key spelling: refused, and shown nowhere."""
+    secret = SECRET + tail
+    value = quote(secret, safe="") if encode else secret
+    jdbc = _OTHER_FORMS[form].format(key=key, value=value)
+    event(f"form: {form}")
+    with pytest.raises(ConfigurationError):
+        jdbc_to_sqlalchemy(jdbc)
+    for shown in _everything_shown(jdbc):
+        assert SECRET not in shown, shown
+
+
+def test_a_dual_writer_refuses_them_before_it_has_a_repr(broker):
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "forms"}
+    for form in ("db_semicolon", "user_semicolon", "address"):
+        with pytest.raises(ConfigurationError) as info:
+            DualWriter(conf, _OTHER_FORMS[form].format(key="password", value=SECRET))
+        assert SECRET not in str(info.value)
+    # A SQLAlchemy URL is not parsed here: its repr hides what looks like a password.
+    writer = DualWriter(conf, f"postgresql+psycopg://postgres@127.0.0.1/test;password={SECRET}")
+    try:
+        assert SECRET not in repr(writer)
+    finally:
+        writer.close()
+
+
+def test_the_cli_usage_error_shows_no_password(capsys):
+    from kafka_txn.cli import main
+
+    for form in ("address", "parenthesised", "db_semicolon", "user_semicolon"):
+        jdbc = _OTHER_FORMS[form].format(key="password", value=SECRET)
+        code = main(["recover", "--bootstrap-servers", "127.0.0.1:9", "--jdbc-url", jdbc,
+                     "--transactional-id", "forms"])  # fmt: skip
+        out, err = capsys.readouterr()
+        assert code == 2
+        assert "--jdbc-url: invalid JDBC URL" in err
+        assert SECRET not in out + err
+
+
+# ------------------------------------------------------------------ control characters
+@pytest.mark.parametrize("char", ["\x01", "\x1b", "\x7f", "\t", "\x1f"])
+@pytest.mark.parametrize(
+    "template",
+    ["jdbc:postgresql://h{c}1/db", "jdbc:postgresql://h/d{c}b", "jdbc:mysql://h/db?user=a{c}",
+     "jdbc:postgresql://h/db?ApplicationName=a{c}", "jdbc:sqlite:/tmp/a{c}.db"],
+)  # fmt: skip
+def test_every_control_character_is_refused_raw_or_percent_encoded(template, char):
+    message = _refused(template.format(c=char))
+    assert f"control character (U+{ord(char):04X})" in message
+    assert char not in message
+    if template.startswith("jdbc:sqlite"):
+        return  # a path is not percent-decoded
+    encoded = template.format(c=quote(char, safe=""))
+    assert "control character" in _refused(encoded)
+
+
+def test_a_password_may_hold_control_characters():
+    url = jdbc_to_sqlalchemy("jdbc:postgresql://h/db?user=u&password=a%01b%7F")
+    assert url.password == "a\x01b\x7f"
+
+
+# ------------------------------------------------------------------ documented lists
+def _documented_encodings(markdown: str) -> dict[str, str]:
+    """name -> MySQL charset from a docs table row: "`utf8mb4` for `UTF-8`, `utf8`; ..."."""
+    row = next(line for line in markdown.splitlines() if line.startswith("| `characterEncoding"))
+    found: dict[str, str] = {}
+    for charset, names in re.findall(r"`(\w+)` for ((?:`[^`]+`(?:, )?)+)", row):
+        for name in re.findall(r"`([^`]+)`", names):
+            found[name] = charset
+    return found
+
+
+@pytest.mark.parametrize("doc", ["dual-write.md", "spark.md"])
+def test_docs_list_exactly_the_accepted_character_encodings(doc):
+    markdown = (Path(__file__).parent.parent / "docs" / doc).read_text(encoding="utf-8")
+    assert _documented_encodings(markdown) == CHARSETS
+    for name, charset in CHARSETS.items():
+        for spelling in (name, name.upper(), name.lower()):
+            assert _query(f"jdbc:mysql://h/d?characterEncoding={spelling}") == {"charset": charset}
+
+
 # ------------------------------------------------------------------ fuzz from valid bases
 _NO_NUL = st.characters(exclude_characters="\x00", exclude_categories=("Cs",))
+# A user name or application name as accepted: no control character, and neither ';'
+# nor '=' (which could spell ';name=value' properties or 'password=': refused, below).
+_PLAIN = st.characters(exclude_characters=";=", exclude_categories=("Cs", "Cc"))
 _IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True)
 _HOSTS = st.sampled_from(["127.0.0.1", "localhost", "db.example", "[::1]", "db-1.internal"])
 _PG_VALUES: dict[str, st.SearchStrategy[str]] = {
@@ -318,7 +528,7 @@ _PG_VALUES: dict[str, st.SearchStrategy[str]] = {
     "currentSchema": st.lists(
         _IDENT | _IDENT.map(lambda s: f'"{s.upper()} {s}"'), min_size=1, max_size=3
     ).map(",".join),
-    "ApplicationName": st.text(_NO_NUL, min_size=1, max_size=20),
+    "ApplicationName": st.text(_PLAIN, min_size=1, max_size=20),
     "connectTimeout": st.integers(0, 10_000).map(str),
 }
 _MY_VALUES: dict[str, st.SearchStrategy[str]] = {
@@ -342,7 +552,7 @@ _MY_VALUES: dict[str, st.SearchStrategy[str]] = {
 _ZONES = {"UTC": "+00:00", "GMT": "+00:00", "GMT+8": "+08:00", "+05:30": "+05:30",
           "Etc/GMT-3": "+03:00", "UTC-07:00": "-07:00"}  # fmt: skip
 _MUTATIONS = [None, None, None, "unknown", "bad_value", "multi_host", "userinfo", "bad_port",
-              "duplicate", "raw_password"]  # fmt: skip
+              "duplicate", "raw_password", "control", "semicolon"]  # fmt: skip
 
 
 @st.composite
@@ -355,10 +565,11 @@ def _cases(draw: st.DrawFn) -> dict[str, Any]:
     return {
         "scheme": scheme, "host": draw(_HOSTS), "port": draw(st.none() | st.integers(1, 65535)),
         "database": draw(_IDENT), "params": params, "spelled": spelled,
-        "user": draw(st.text(_NO_NUL, min_size=1, max_size=10)),
+        "user": draw(st.text(_PLAIN, min_size=1, max_size=10)),
         "password": SECRET + draw(st.text(_NO_NUL, max_size=10)),
         "credentials": draw(st.sampled_from(["query", "arguments"])),
         "mutation": draw(st.sampled_from(_MUTATIONS)),
+        "control": draw(st.sampled_from([*range(1, 0x20), 0x7F])),  # NUL: its own error
     }  # fmt: skip
 
 
@@ -433,6 +644,12 @@ def test_fuzz_mutated_valid_urls_succeed_or_fail_clearly_never_leaking(case):
         expect = "given twice"
     elif mutation == "raw_password":  # not percent-encoded: '&', '=', '#', '%' land as is
         pairs.append(f"password={password}&user=x")
+    elif mutation == "control":  # percent-encoded: decoded, then refused
+        pairs.append(f"user=a%{case['control']:02X}b")
+        expect = "control character"
+    elif mutation == "semicolon":  # SQL Server's properties, the password among them
+        pairs.append(f"user=root;password={quote(password, safe='')}")
+        expect = "parameter 'user'"  # holds ';name=value' (or a control character)
     jdbc = f"jdbc:{scheme}://{hostport}/{database}" + ("?" + "&".join(pairs) if pairs else "")
     event(f"scheme: {scheme}")
     event(f"mutation: {mutation}")
@@ -563,6 +780,114 @@ def test_mariadb_offsets_and_latin1_reach_the_session(mariadb_jdbc):
         engine.dispose()
 
 
+@pytest.mark.parametrize("scheme", ["mariadb", "mysql"])
+@pytest.mark.parametrize(("zone", "offset"), [("%2B13:00", "+13:00"), ("-12:59", "-12:59")])
+def test_the_ends_of_the_accepted_offsets_connect_to_mariadb(mariadb_jdbc, scheme, zone, offset):
+    """The range kept is the one MariaDB takes: both ends connect (one minute beyond
+    each is refused when the URL is parsed, above)."""
+    jdbc = mariadb_jdbc.replace("jdbc:mariadb:", f"jdbc:{scheme}:").replace(
+        "jdbc:mysql:", f"jdbc:{scheme}:"
+    )
+    engine = create_engine(jdbc_to_sqlalchemy(f"{jdbc}&serverTimezone={zone}"))
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT @@session.time_zone")).scalar() == offset
+    finally:
+        engine.dispose()
+
+
+# ------------------------------------------------------------------ a server that never answers
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts connections and never says a word (a stuck proxy;
+    a Kafka broker or PostgreSQL, which wait for their client to speak first). The
+    kernel completes the TCP handshakes from the backlog; closing the socket at the end
+    resets them, which frees any reader still waiting."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as server:
+        yield server.getsockname()[1]
+
+
+_HANG_GUARD = 120.0  # seconds: far above the bounds under test, only to fail, not hang
+
+
+def _outcome_within_guard(call: Callable[[], object]) -> BaseException | None:
+    """What ``call`` raised (None if it returned), failing the test if it is still
+    running after _HANG_GUARD seconds (it then ends when silent_port closes)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(_HANG_GUARD)
+    assert not worker.is_alive(), "still waiting for a server that never answers"
+    return outcome[0]
+
+
+@pytest.mark.parametrize(
+    "database",
+    ["jdbc:mysql://127.0.0.1:{port}/test?user=root&connectTimeout=2000",
+     "jdbc:mariadb://127.0.0.1:{port}/test?user=root&connectTimeout=1",
+     "mysql+pymysql://root@127.0.0.1:{port}/test?connect_timeout=2"],
+)  # fmt: skip
+def test_a_mysql_handshake_with_a_silent_server_fails_instead_of_hanging(silent_port, database):
+    """PyMySQL's connect_timeout bounds only the TCP connect; the engines kafka-txn
+    builds bound the handshake's reads by it too (jdbc.bounded_engine)."""
+    engine = engine_for(database.format(port=silent_port), None, None)
+    try:
+        raised = _outcome_within_guard(lambda: engine.connect().close())
+    finally:
+        engine.dispose()
+    assert isinstance(raised, OperationalError), raised
+    assert "timed out" in str(raised.orig)
+
+
+def test_dual_writer_start_against_a_silent_mysql_port_fails(broker, silent_port):
+    """The red team's hang: DualWriter(...).start() with a jdbc:mysql URL pointing at a
+    port that accepts and never answers, PyMySQL's default connect_timeout (10 s)."""
+    conf = {"bootstrap.servers": broker.bootstrap_servers,
+            "transactional.id": f"silent-{uuid.uuid4().hex[:8]}"}  # fmt: skip
+    writer = DualWriter(conf, f"jdbc:mysql://127.0.0.1:{silent_port}/test?user=root")
+    try:
+        raised = _outcome_within_guard(writer.start)
+    finally:
+        writer.close()
+    assert raised is not None, "start() succeeded against a server that never answers"
+    assert "timed out" in str(raised) or "timed out" in repr(raised.__cause__), repr(raised)
+
+
+def test_after_the_handshake_reads_wait_as_long_as_they_take(mariadb_jdbc):
+    """The handshake's bound (connectTimeout, here 1 s) is lifted once connected: a
+    query that takes longer than it completes, on the first connection and on a new
+    one, as without the bound."""
+    engine = engine_for(f"{mariadb_jdbc}&connectTimeout=1000", None, None)
+    try:
+        for _ in range(2):
+            with engine.connect() as conn:
+                dbapi = conn.connection.dbapi_connection
+                assert dbapi.connect_timeout == 1
+                assert dbapi._read_timeout is None
+                assert conn.execute(text("SELECT SLEEP(2)")).scalar() == 0
+            engine.dispose()  # the second round opens a new connection
+    finally:
+        engine.dispose()
+
+
+def test_a_read_timeout_the_user_set_is_kept(mariadb_jdbc):
+    url = jdbc_to_sqlalchemy(mariadb_jdbc).update_query_dict({"read_timeout": "7"})
+    engine = engine_for(url, None, None)
+    try:
+        with engine.connect() as conn:
+            assert conn.connection.dbapi_connection._read_timeout == 7
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize(
     ("params", "needle"),
     [("sslmode=require", "SSL"), ("ssl=true", "SSL"), ("sslmode=verify-ca", "")],
@@ -660,6 +985,51 @@ def test_spark_sink_refuses_a_bad_url_parameter_when_built_before_any_job(spark)
     sc.setJobGroup(group, "the probe sees a job when there is one")
     try:
         assert frame.count() == 1
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert sc.statusTracker().getJobIdsForGroup(group) != []
+
+
+def test_spark_sink_refuses_kafka_settings_two_phase_commit_refuses_before_any_job(spark):
+    """Each task's DualWriter refuses a Kafka setting its coordinator client cannot
+    honour (ssl.keystore.location) or that transactions forbid (enable.idempotence=false);
+    the sink's constructor refuses it on the driver, without building a producer and
+    before any Spark job."""
+    from kafka_txn.spark import KafkaJdbcSink
+
+    sc = spark.sparkContext
+    group = f"kafka-guard-{uuid.uuid4().hex[:8]}"
+    sc.setJobGroup(group, "sinks with Kafka settings two-phase commit refuses")
+    messages = []
+    try:
+        for kafka, needle in [
+            ({"ssl.keystore.location": "/x.p12", "ssl.keystore.password": SECRET},
+             "ssl.keystore.location is not supported by kafka-txn's coordinator client"),
+            ({"ssl.engine.id": "pkcs11"}, "ssl.engine.id"),
+            ({"enable.idempotence": "false"}, "enable.idempotence=false cannot be used"),
+            ({"transaction.timeout.ms": 10}, "transaction.timeout.ms=10 is too small"),
+        ]:  # fmt: skip
+            with pytest.raises(ConfigurationError) as built:
+                KafkaJdbcSink(
+                    transactional_id_prefix="guard", url="jdbc:sqlite:/tmp/guard.db",
+                    dbtable="t", kafka={"bootstrap.servers": "127.0.0.1:9", **kafka},
+                )  # fmt: skip
+            options = {f"kafka.{k}": v for k, v in kafka.items()}
+            with pytest.raises(ConfigurationError) as spelled:
+                KafkaJdbcSink(options={"url": "jdbc:sqlite:/tmp/guard.db", "dbtable": "t",
+                                       "transactionalIdPrefix": "guard",
+                                       "kafka.bootstrap.servers": "127.0.0.1:9",
+                                       **options})  # fmt: skip
+            messages += [(str(built.value), needle), (str(spelled.value), needle)]
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    for message, needle in messages:
+        assert needle in message
+        assert SECRET not in message
+    assert sc.statusTracker().getJobIdsForGroup(group) == []  # no job ran for the sinks
+    sc.setJobGroup(group, "the probe sees a job when there is one")
+    try:
+        assert spark.createDataFrame([("x",)], "value string").count() == 1
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
     assert sc.statusTracker().getJobIdsForGroup(group) != []

@@ -39,7 +39,8 @@ _EXTRAS = {"postgresql": "postgres", "mysql": "mysql", "mariadb": "mysql", "sqli
 _MODULES = {"postgresql": ("psycopg",), "mysql": ("pymysql",), "mariadb": ("pymysql",)}
 ID_COLUMN = "transactional_id"
 STATE_COLUMN = "prepared_txn_state"
-_OPTIONAL_COLUMNS = ("owner", "updated_at")
+OWNER_COLUMN = "owner"
+_OPTIONAL_COLUMNS = (OWNER_COLUMN, "updated_at")
 
 
 class DatabaseUnusableError(Exception):
@@ -124,7 +125,14 @@ def open_database(
     elif backend == "postgresql":
         connect_args = {"connect_timeout": max(2, math.ceil(timeout))}  # libpq: >= 2 s
     else:
-        connect_args = {"connect_timeout": max(1, math.ceil(timeout))}
+        # PyMySQL's connect_timeout covers the TCP connect only: the server's greeting and
+        # every later answer wait read_timeout, unbounded by default (a server that
+        # accepts and never answers would hang recover). A little above the timeout: the
+        # state-row lock wait (innodb_lock_wait_timeout, whole seconds) is bounded by it
+        # and should end with its own, clearer, error.
+        bound = max(1, math.ceil(timeout))
+        connect_args = {"connect_timeout": bound, "read_timeout": bound + 2,
+                        "write_timeout": bound + 2}  # fmt: skip
     return create_engine(target, connect_args=connect_args), url
 
 
@@ -152,9 +160,30 @@ def read_state_row(engine: Engine, url: URL, table: str, transactional_id: str) 
                 "not a kafka-txn state table with the default column names, which recover "
                 "reads; check --state-table"
             )
+        if OWNER_COLUMN not in columns:
+            raise DatabaseUnusableError(_owner_column_missing(engine, table, where))
         return _select_row(engine, table, columns, transactional_id)
     except SQLAlchemyError as exc:
         raise DatabaseUnusableError(explain(exc, url)) from exc
+
+
+def _owner_column_missing(engine: Engine, table: str, where: str) -> str:
+    """The state table predates kafka-txn's owner column: what to run. recover needs the
+    column (DualWriter's start() writes its owner token there, and every transaction
+    checks it under the row lock: that is what fences a writer replaced by a newer one),
+    and never changes a schema itself."""
+    from sqlalchemy import Column, MetaData, String, Table  # noqa: PLC0415
+
+    from ._ddl import add_column_statement  # noqa: PLC0415 - needs SQLAlchemy
+
+    column: Column[str] = Column(OWNER_COLUMN, String(255))
+    ddl = add_column_statement(engine, Table(table, MetaData(), column), column)
+    return (
+        f"the state table {table!r} in {where} has no {OWNER_COLUMN!r} column (the table "
+        "was created before kafka-txn wrote owner tokens), which recover needs: run "
+        f"`{ddl}` on that database, or start one of its writers with this kafka-txn "
+        "version (its start() adds the column), then recover again; nothing was done"
+    )
 
 
 def _select_row(
@@ -238,6 +267,8 @@ def explain(exc: BaseException, url: URL) -> str:
             2003: f"cannot connect to {url.host}:{url.port}: check the host and port in "
             "--jdbc-url and that the server runs",
             2005: f"the host {url.host!r} does not resolve: check --jdbc-url",
+            2013: f"no answer from {url.host}:{url.port} in time: check the host and port "
+            "in --jdbc-url, that it is a MySQL/MariaDB server, and firewalls",
             1045: f"access denied for user {user!r}: wrong password or no such user; check "
             "--user and the password (--password-env, --password-prompt, KAFKA_TXN_DB_PASSWORD)",
             1698: f"access denied for user {user!r}: no such user, or it may not log in "

@@ -48,30 +48,38 @@ class Deadline:
 
 @contextmanager
 def configure_logging(verbosity: int) -> Iterator[None]:
-    """Quiet by default: warnings of kafka-txn only, librdkafka's own log lines not at all
-    (they arrive through the producer's ``logger`` setting as ``kafka_txn.librdkafka``).
-    ``-v`` shows kafka-txn's progress and librdkafka's lines; ``-vv`` debug detail.
+    """Quiet by default: without ``-v`` no log record of the library reaches stderr (the
+    command's own one line says what failed), and librdkafka's own log lines (they arrive
+    through the producer's ``logger`` setting as ``kafka_txn.librdkafka``) are dropped
+    even when ``-X debug=...`` asks librdkafka for them. ``-v`` shows kafka-txn's progress
+    and librdkafka's lines on stderr; ``-vv`` debug detail.
     Python warnings are hidden unless ``-v``: confluent-kafka warns from ``close()`` after
     a timed-out call (its abort "failed during close"), noise after the one error line.
     The previous levels, handlers and warning filters are restored at the end (``main()``
     may run in-process)."""
-    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     package = logging.getLogger("kafka_txn")
     librdkafka = logging.getLogger("kafka_txn.librdkafka")
     saved = (package.level, librdkafka.level)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    package.addHandler(handler)
-    package.setLevel(level)
-    # Above every level librdkafka's syslog levels map to, unless -v.
-    librdkafka.setLevel(level if verbosity else logging.CRITICAL + 1)
+    handler: logging.Handler | None = None
+    if verbosity:
+        level = logging.INFO if verbosity == 1 else logging.DEBUG
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+        package.setLevel(level)
+        librdkafka.setLevel(level)
+    else:
+        # Nothing here writes to stderr (the package's NullHandler keeps Python's
+        # last-resort handler away); librdkafka's lines are not even formatted.
+        librdkafka.setLevel(logging.CRITICAL + 1)
     try:
         with warnings.catch_warnings():
             if not verbosity:
                 warnings.simplefilter("ignore")
             yield
     finally:
-        package.removeHandler(handler)
+        if handler is not None:
+            package.removeHandler(handler)
         package.setLevel(saved[0])
         librdkafka.setLevel(saved[1])
 

@@ -14,7 +14,10 @@ transactional id whose transaction started recently needs a confirmation (``--ye
 ``recover`` and ``force-terminate`` fence: every producer still using the id gets
 ``ProducerFencedError``. They ask first when the coordinator shows a transaction that
 started less than ``max(its transaction timeout, 60 s)`` ago, or (recover) the state row
-was written that recently (``_reasons_to_ask``).
+was written that recently or its owner is a running process of this host
+(``_cli_fencing.reasons_to_ask``). After the answer they look again, and refuse if
+anything changed while the question was open; recover checks the state row once more
+under its lock, before it settles or fences anything (``_cli_fencing.guard_row``).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import argparse
 import dataclasses
 import getpass
 import json
+import logging
 import os
 import re
-import socket
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -43,12 +47,26 @@ from ._cli_database import (
     read_state_row,
     require_drivers,
 )
+from ._cli_fencing import (
+    OPEN_STATES,
+    RowChangedError,
+    changes_since,
+    guard_row,
+    owner_note,
+    reasons_to_ask,
+)
 from ._cli_terminal import Deadline, NotConfirmedError, ask, configure_logging, waiting
-from .config import validate_config
+from .config import DEFAULT_TRANSACTION_TIMEOUT_MS, validate_config
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
 from .coordinator.client import TransactionDescription
 from .coordinator.connection import AuthenticationError, ProtocolError
-from .errors import ConfigurationError, KafkaTxnError, UnsupportedBrokerError
+from .errors import (
+    ConfigurationError,
+    KafkaTxnError,
+    ProducerFencedError,
+    TransactionOutcomeUnknownError,
+    UnsupportedBrokerError,
+)
 
 if TYPE_CHECKING:  # SQLAlchemy is an extra, imported by recover only
     from sqlalchemy.engine import Engine
@@ -64,11 +82,15 @@ EXIT_UNKNOWN_ID = 4
 PASSWORD_ENV = "KAFKA_TXN_DB_PASSWORD"
 """Read for the database password when no --password option is given."""
 
-RECENT_FLOOR_S = 60.0
-"""A transaction that started less than max(its timeout, this) seconds ago may belong to
-a live writer: fencing its id needs a confirmation."""
+_PYTHON_OBJECT_KEYS = ("error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_delivery", "logger")
+"""confluent-kafka settings whose value is a Python object (a function; a Logger): a
+command line only has strings."""
 
-_OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
+_PROBE_LOG = logging.Logger("kafka_txn.cli.settings_probe", logging.CRITICAL + 1)
+"""Where the settings probe's librdkafka log lines go: nowhere. A Logger outside the
+logging tree, above every level (``debug`` raises librdkafka's log_level to 7, so
+log_level alone does not silence it)."""
+_PROBE_LOG.disabled = True
 
 
 class _CommandError(Exception):
@@ -94,38 +116,49 @@ def _seconds(value: float) -> str:
 
 
 # ---------------------------------------------------------------------- settings
-def _kafka_settings(args: argparse.Namespace, *, producer: bool) -> dict[str, Any]:
-    """The librdkafka settings of ``-X`` and ``--bootstrap-servers``, checked before
-    anything connects: key=value syntax, what the coordinator client supports, and what
-    librdkafka accepts (a throwaway handle without brokers, which connects nowhere)."""
+def _kafka_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The librdkafka settings of ``-X``, ``--bootstrap-servers`` and
+    ``--transactional-id``, checked the same way for every command before anything
+    connects: key=value syntax, no Python-object settings (callbacks, a logger), what the
+    coordinator client supports, what a transactional producer requires
+    (``validate_config``), and what librdkafka accepts for one (``acks``, ``retries``,
+    ``max.in.flight``, ``message.timeout.ms`` against ``transaction.timeout.ms``...): a
+    throwaway transactional producer without brokers, which connects nowhere and logs
+    nowhere. Any failure is a _UsageError (exit 2)."""
     from confluent_kafka import KafkaException, Producer  # noqa: PLC0415
 
     conf: dict[str, Any] = {}
     for item in args.X or ():
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise _UsageError(f"-X {item!r} is not key=value")
-        conf[key.strip()] = value
+        if key in _PYTHON_OBJECT_KEYS:
+            what = "a logging.Logger" if key == "logger" else "a Python function"
+            raise _UsageError(
+                f"-X {key}: confluent-kafka takes {what} there, which cannot come from a "
+                "command line; leave it out"
+            )
+        conf[key] = value
     conf["bootstrap.servers"] = args.bootstrap_servers
+    conf["transactional.id"] = args.transactional_id
     try:
         ConnectionSettings.from_librdkafka(conf)
-        # log_level 0: this handle only checks the settings; its "no bootstrap.servers"
-        # notice would be noise.
-        probe = Producer({k: v for k, v in conf.items() if k != "bootstrap.servers"}
-                         | {"log_level": 0})  # fmt: skip
+        validated = validate_config(conf)  # what a transactional producer requires
+        probe_conf = {k: v for k, v in validated.librdkafka.items() if k != "bootstrap.servers"}
+        probe = Producer({**probe_conf, "logger": _PROBE_LOG})
         del probe
     except ConfigurationError as exc:
         raise _UsageError(f"-X: {exc.message}") from exc
     except KafkaException as exc:
-        raise _UsageError(f"-X: librdkafka refuses the settings: {exc.args[0].str()}") from exc
-    if producer:
-        conf["transactional.id"] = args.transactional_id
-        try:
-            validate_config(conf)  # what a transactional producer requires
-        except ConfigurationError as exc:
-            raise _UsageError(f"-X: {exc.message}") from exc
-        if not args.verbose:
-            conf.setdefault("log_level", 0)  # and kafka_txn.librdkafka is quiet anyway
+        reason = exc.args[0].str().removeprefix("Failed to create producer: ")
+        raise _UsageError(
+            f"-X: librdkafka refuses these settings for a transactional producer: {reason}"
+        ) from exc
+    except (TypeError, ValueError) as exc:  # confluent-kafka's own checks of a value
+        raise _UsageError(f"-X: confluent-kafka refuses these settings: {exc}") from exc
+    if not args.verbose:
+        conf.setdefault("log_level", 0)  # and kafka_txn.librdkafka is quiet anyway
     return conf
 
 
@@ -171,6 +204,16 @@ def _describe_id(
         ):
             return client.describe()
     except AuthenticationError as exc:
+        if isinstance(exc.__cause__, ssl.SSLCertVerificationError):
+            # Our side refused the broker's certificate, not the broker us. The
+            # coordinator's message: "TLS: the certificate of ADDR was not accepted: WHY".
+            detail = str(exc).partition(" was not accepted: ")[2] or str(exc)
+            raise _CommandError(
+                EXIT_FAILED,
+                f"kafka-txn does not trust the TLS certificate of the broker at {servers}, "
+                f"and did not connect: {detail} (-X ssl.ca.location, ssl.ca.pem, "
+                "ssl.endpoint.identification.algorithm)",
+            ) from exc
         raise _CommandError(
             EXIT_FAILED,
             f"the broker at {servers} refused to authenticate kafka-txn ({exc}): check the "
@@ -209,69 +252,20 @@ def _describe_id(
         raise _CommandError(EXIT_FAILED, exc.message) from exc
 
 
-def _reasons_to_ask(
-    seen: TransactionDescription, row: StoredRow | None, now: float | None = None
-) -> list[str]:
-    """Why fencing the id may hit a live writer (empty: no reason to ask). The window is
-    ``max(the transaction timeout the coordinator reports, 60 s)``:
-
-    - the coordinator shows a transaction that started within it, in any state: open
-      (Ongoing, PrepareCommit, PrepareAbort), its writer may be mid-transaction; just
-      completed (the coordinator keeps the last start time), its writer likely still runs.
-      An older one is past its timeout: no writer can still commit it.
-    - the state row was written within it (by the database's clock): a DualWriter writes
-      it at start() and at every commit, so a live writer between transactions shows."""
-    window = max(seen.timeout_ms / 1000, RECENT_FLOOR_S)
-    reasons = []
-    if seen.start_time_ms >= 0:
-        age = (time.time() if now is None else now) - seen.start_time_ms / 1000
-        if age < window:
-            what = "is still open" if seen.state in _OPEN_STATES else "has ended"
-            reasons.append(
-                f"has a transaction that started {age:.1f}s ago and {what} (state "
-                f"{seen.state}, producer id {seen.producer_id}, epoch {seen.producer_epoch})"
-            )
-    if row is not None and row.age_s is not None and row.age_s < window:
-        reasons.append(f"has a state row last written {row.age_s:.1f}s ago")
-    return reasons
-
-
-def _owner_note(row: StoredRow | None) -> str:
-    """What the state row says about the writer that last took the id over: its owner
-    token (``host:pid:uuid8``, see DualWriter), and whether that process still runs
-    when the host is this one."""
-    if row is None or not row.owner:
-        return ""
-    note = f"; the state row's owner is {row.owner} (last written {row.updated})"
-    host, pid, _ = row.owner.rsplit(":", 2) if row.owner.count(":") >= 2 else ("", "", "")
-    if pid.isdigit() and host == socket.gethostname():
-        try:
-            os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:  # it exists, under another user
-            alive = True
-        note += f", and process {pid} on this host {'is' if alive else 'is not'} running"
-    return note
-
-
 def _confirm_fencing(
     command: str, transactional_id: str, seen: TransactionDescription, row: StoredRow | None,
     yes: bool,
 ) -> bool:  # fmt: skip
-    """Ask before fencing an id a live writer may hold (``_reasons_to_ask``); True if a
-    question was asked (the wait for the answer does not count against --timeout).
-    Raises _CommandError(EXIT_REFUSED) when not confirmed."""
-    reasons = _reasons_to_ask(seen, row)
+    """Ask before fencing an id a live writer may hold (``reasons_to_ask``); True if a
+    question was asked (the wait for the answer does not count against --timeout, and
+    the caller must then look again: ``_refuse_if_changed``). Raises
+    _CommandError(EXIT_REFUSED) when not confirmed."""
+    reasons = reasons_to_ask(seen, row)
     if not reasons or yes:
         return False
-    window = max(seen.timeout_ms / 1000, RECENT_FLOOR_S)
     situation = (
-        f"transactional id {transactional_id!r} {', and '.join(reasons)} (less than "
-        f"{window:g}s: the transaction timeout, at least 60s){_owner_note(row)}: a writer "
-        f"may still be using it, and {command} "
-        "would fence it"
+        f"transactional id {transactional_id!r} {'; and it '.join(reasons)}"
+        f"{owner_note(row)}: a writer may still be using it, and {command} would fence it"
     )
     try:
         ask(f"kafka-txn: {situation}.\nProceed with {command}?")
@@ -284,16 +278,28 @@ def _confirm_fencing(
     return True
 
 
+def _refuse_if_changed(
+    command: str, transactional_id: str, seen: TransactionDescription, row: StoredRow | None,
+    seen_now: TransactionDescription, row_now: StoredRow | None,
+) -> None:  # fmt: skip
+    """After the operator's "yes": refuse (exit 3, nothing done) if the coordinator's view
+    or (recover) the state row changed while the question was open: the answer was about
+    a writer that may not be the one holding the id now."""
+    changed = changes_since(seen, row, seen_now, row_now, with_row=command == "recover")
+    if changed:
+        raise _CommandError(
+            EXIT_REFUSED,
+            f"transactional id {transactional_id!r} changed while you were asked: "
+            f"{'; '.join(changed)}. Your answer was about what was there before, so "
+            f"nothing was done: run {command} again to see who holds it now",
+        )
+
+
 # ---------------------------------------------------------------------- commands
 def _describe(args: argparse.Namespace) -> int:
-    conf = _kafka_settings(args, producer=False)
+    conf = _kafka_settings(args)
     seen = _describe_id(conf, args.transactional_id, Deadline(args.timeout))
-    info = seen.as_dict()
-    info["transactional_id"] = args.transactional_id
-    if seen.start_time_ms >= 0:
-        started = datetime.fromtimestamp(seen.start_time_ms / 1000, tz=timezone.utc)
-        info["started_at"] = started.isoformat(timespec="milliseconds")
-        info["age_s"] = round(time.time() - seen.start_time_ms / 1000, 3)
+    info = _as_json(args.transactional_id, seen)
     if args.json:
         print(json.dumps(info, sort_keys=True))
     if not seen.found:
@@ -303,12 +309,26 @@ def _describe(args: argparse.Namespace) -> int:
     print(f"transactional id : {args.transactional_id}")
     print(f"state            : {seen.state}")
     print(f"producer id/epoch: {seen.producer_id}/{seen.producer_epoch}")
-    if "started_at" in info:
+    if info["started_at"] is not None:
         print(f"started          : {info['started_at']} ({info['age_s']:.1f}s ago)")
     print(f"timeout          : {seen.timeout_ms} ms")
-    parts = ", ".join(f"{t}{sorted(p)}" for t, p in sorted(seen.partitions.items())) or "-"
+    parts = ", ".join(f"{t}{p}" for t, p in info["partitions"].items()) or "-"
     print(f"partitions       : {parts}")
     return EXIT_OK
+
+
+def _as_json(transactional_id: str, seen: TransactionDescription) -> dict[str, Any]:
+    """``describe --json``'s object: every key always present (docs/operations.md has
+    the schema), null where unknown (no transaction started: no start time, no age)."""
+    info = seen.as_dict()
+    info["transactional_id"] = transactional_id
+    info["partitions"] = {t: sorted(p) for t, p in sorted(seen.partitions.items())}
+    info["started_at"] = info["age_s"] = None
+    if seen.start_time_ms >= 0:
+        started = datetime.fromtimestamp(seen.start_time_ms / 1000, tz=timezone.utc)
+        info["started_at"] = started.isoformat(timespec="milliseconds")
+        info["age_s"] = round(time.time() - seen.start_time_ms / 1000, 3)
+    return info
 
 
 def _unknown_to_coordinator(transactional_id: str) -> str:
@@ -322,9 +342,11 @@ def _unknown_to_coordinator(transactional_id: str) -> str:
 def _recover(args: argparse.Namespace) -> int:
     """Settle the id's in-doubt transaction the way its database decided, through a
     DualWriter's start(); checks first, changes nothing until they pass: the state row
-    exists (read without locking or writing), the coordinator knows the id, and a
-    recent transaction is confirmed."""
-    conf = _kafka_settings(args, producer=True)
+    exists (read without locking or writing), the coordinator knows the id, a writer
+    that may be live is confirmed, nothing changed while the question was open, and
+    (under the state-row lock, before anything is settled or fenced) the row is still
+    the one checked."""
+    conf = _kafka_settings(args)
     tid = args.transactional_id
     password = _password(args)
     try:
@@ -356,7 +378,11 @@ def _recover(args: argparse.Namespace) -> int:
             )
         if _confirm_fencing("recover", tid, seen, row, args.yes):
             deadline = Deadline(args.timeout)  # the answer's wait does not count
-        outcome = _settle(conf, engine, args, deadline)
+            with waiting(where, deadline):
+                row_now = read_state_row(engine, url, args.state_table, tid)
+            seen_now = _describe_id(conf, tid, deadline)
+            _refuse_if_changed("recover", tid, seen, row, seen_now, row_now)
+        outcome = _settle(conf, engine, args, deadline, None if args.yes else row)
     finally:
         engine.dispose()
     print(f"{tid}: {outcome}")
@@ -364,15 +390,18 @@ def _recover(args: argparse.Namespace) -> int:
 
 
 def _settle(
-    conf: dict[str, Any], engine: Engine, args: argparse.Namespace, deadline: Deadline
-) -> str:
+    conf: dict[str, Any], engine: Engine, args: argparse.Namespace, deadline: Deadline,
+    expected: StoredRow | None,
+) -> str:  # fmt: skip
     """Recovery proper: a DualWriter's start() on the checked id (it never creates the
     table: create_state_table=False; the row exists), bounded by what is left of the
-    deadline; its outcome's name."""
+    deadline; its outcome's name. Unless ``--yes``, start() first checks, under the
+    state-row lock, that the row is still ``expected`` (``guard_row``)."""
     from sqlalchemy.exc import SQLAlchemyError  # noqa: PLC0415 - checked by require_drivers
 
     from .dualwrite import DualWriter  # noqa: PLC0415 - needs SQLAlchemy
 
+    tid = args.transactional_id
     try:
         writer = DualWriter(
             conf,
@@ -382,19 +411,75 @@ def _settle(
             lock_timeout=deadline.left(),
             operation_timeout=deadline.left(),
         )
+        if expected is not None:
+            guard_row(writer, expected)
         try:
-            with waiting(f"recovery of {args.transactional_id!r}", deadline):
+            with waiting(f"recovery of {tid!r}", deadline):
                 return writer.start().value
         finally:
             writer.close()
+    except RowChangedError as exc:
+        raise _CommandError(
+            EXIT_REFUSED,
+            f"transactional id {tid!r} changed hands before recover could lock its state "
+            f"row: the row's owner is now {exc.owner} (last written {exc.updated}; it was "
+            f"{expected.owner if expected else None}). Nothing was done: run recover again "
+            "to see who holds it now",
+        ) from None
+    except ProducerFencedError as exc:
+        raise _CommandError(
+            EXIT_REFUSED,
+            f"another writer took transactional id {tid!r} over while recover ran: recover "
+            "settled the stored transaction as the database decided, and fenced nobody "
+            f"({exc.message})",
+        ) from exc
+    except TransactionOutcomeUnknownError as exc:
+        raise _CommandError(
+            EXIT_FAILED,
+            f"recover of {tid!r} did not complete within {_seconds(deadline.seconds)}s "
+            f"({_reason(exc)}): the stored transaction may or may not have been settled, "
+            "and the id's producers may or may not have been fenced. Nothing is lost: run "
+            "recover again (it settles from the state row, never twice), and check with "
+            "kafka-txn describe",
+        ) from exc
+    except KafkaTxnError as exc:
+        _raise_if_timeout_refused(
+            exc, conf, " (the stored transaction may be settled already: recovery comes "
+            "first, and a second run does not settle it again)",
+        )  # fmt: skip
+        raise
     except SQLAlchemyError as exc:
         raise _CommandError(EXIT_FAILED, explain(exc, engine.url)) from exc
+
+
+def _reason(exc: KafkaTxnError) -> str:
+    """What librdkafka (or the coordinator client) said, without the library's advice to
+    a program ("call init_transactions() again"), which is not the operator's."""
+    return exc.kafka_error.str() if exc.kafka_error is not None else exc.message
+
+
+def _raise_if_timeout_refused(exc: KafkaTxnError, conf: dict[str, Any], more: str) -> None:
+    """The broker refused the init because transaction.timeout.ms exceeds its
+    transaction.max.timeout.ms (INVALID_TRANSACTION_TIMEOUT, from InitProducerId): a
+    setting only the broker can judge, named as such; the init failed, so nothing was
+    fenced."""
+    from confluent_kafka import KafkaError  # noqa: PLC0415
+
+    if exc.kafka_error is None or exc.kafka_error.code() != KafkaError.INVALID_TRANSACTION_TIMEOUT:
+        return
+    timeout = conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)
+    raise _CommandError(
+        EXIT_FAILED,
+        f"the broker refuses transaction.timeout.ms={timeout} (more than its "
+        "transaction.max.timeout.ms): pass a smaller -X transaction.timeout.ms, or none; "
+        f"nothing was fenced{more}",
+    ) from exc
 
 
 def _force_terminate(args: argparse.Namespace) -> int:
     from .producer import TransactionalProducer  # noqa: PLC0415
 
-    conf = _kafka_settings(args, producer=True)
+    conf = _kafka_settings(args)
     tid = args.transactional_id
     deadline = Deadline(args.timeout)
     before = _describe_id(conf, tid, deadline)
@@ -406,14 +491,29 @@ def _force_terminate(args: argparse.Namespace) -> int:
         )
     if _confirm_fencing("force-terminate", tid, before, None, args.yes):
         deadline = Deadline(args.timeout)
+        now = _describe_id(conf, tid, deadline)
+        _refuse_if_changed("force-terminate", tid, before, None, now, None)
+        before = now
     # KIP-939's forceTerminateTransaction: initialising the id aborts whatever is open
     # and fences every producer that still holds it (the coordinator bumps the epoch).
-    with (
-        waiting(f"the transaction coordinator of {tid!r}", deadline),
-        TransactionalProducer(conf, operation_timeout=deadline.left()) as producer,
-    ):
-        producer.init_transactions()
-    what = "open transaction aborted" if before.state in _OPEN_STATES else "no transaction was open"
+    try:
+        with (
+            waiting(f"the transaction coordinator of {tid!r}", deadline),
+            TransactionalProducer(conf, operation_timeout=deadline.left()) as producer,
+        ):
+            producer.init_transactions()
+    except TransactionOutcomeUnknownError as exc:
+        raise _CommandError(
+            EXIT_FAILED,
+            f"force-terminate of {tid!r} did not complete within "
+            f"{_seconds(deadline.seconds)}s ({_reason(exc)}): the broker may or may not "
+            "have aborted its open transaction and fenced its producers. Run the same "
+            "command again (it is safe to repeat), or check with kafka-txn describe",
+        ) from exc
+    except KafkaTxnError as exc:
+        _raise_if_timeout_refused(exc, conf, "")
+        raise
+    what = "open transaction aborted" if before.state in OPEN_STATES else "no transaction was open"
     print(
         f"{tid}: was {before.state} (producer id {before.producer_id}, epoch "
         f"{before.producer_epoch}); {what}, older producers fenced"
@@ -435,9 +535,11 @@ def _demo(args: argparse.Namespace) -> int:
 _FENCES = (
     "It FENCES: every producer still using the transactional id (a live writer included) "
     "gets ProducerFencedError. When a writer may be live (the coordinator shows a "
-    "transaction that started less than max(its transaction timeout, 60s) ago, or, for "
-    "recover, the state row was written that recently), it asks first; --yes skips the "
-    "question, and without a terminal (stdin) and without --yes it refuses (exit code 3)."
+    "transaction that started less than max(its transaction timeout, 60s) ago; for "
+    "recover also: the state row was written that recently, or its owner is a running "
+    "process of this host), it asks first; --yes skips the question, and without a "
+    "terminal (stdin) and without --yes it refuses (exit code 3). If the id changed while "
+    "the question was open, it refuses too (exit code 3)."
 )
 _EPILOG = (
     "Exit codes: 0 done, 1 failed, 2 bad arguments, 3 refused (not confirmed), "

@@ -12,24 +12,30 @@ import pty
 import select
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, insert, inspect, text
 
 from kafka_txn import ProducerFencedError, TransactionalProducer
-from kafka_txn.cli import _parser, main
+from kafka_txn._cli_database import open_database, read_state_row
+from kafka_txn._cli_terminal import Deadline
+from kafka_txn.cli import _CommandError, _kafka_settings, _parser, _settle, main
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.dualwrite import DualWriter
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
+from tests.certificates import make_certificates
 from tests.dualwrite_app import events_table
+from tests.secure_proxy import SecureProxy
 from tests.test_dualwrite import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,10 +80,12 @@ _TAKE_TTY = (
 
 
 def _in_terminal(
-    argv: list[str], replies: dict[str, str] | None = None, timeout: float = 120
-) -> tuple[int, str]:
+    argv: list[str], replies: dict[str, str | Callable[[], str]] | None = None,
+    timeout: float = 120,
+) -> tuple[int, str]:  # fmt: skip
     """The console script on a pseudo-terminal: whenever the output shows a key of
-    ``replies`` (once each), type its value. Returns the exit code and all output."""
+    ``replies`` (once each), type its value (a callable's result: it runs while the
+    question is open). Returns the exit code and all output."""
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-c", _TAKE_TTY, EXE, *argv],
@@ -101,7 +109,9 @@ def _in_terminal(
                 output += chunk
                 for prompt in list(pending):
                     if prompt.encode() in output:
-                        os.write(master, pending.pop(prompt).encode() + b"\n")
+                        reply = pending.pop(prompt)
+                        answer = reply() if callable(reply) else reply
+                        os.write(master, answer.encode() + b"\n")
             elif proc.poll() is not None:
                 break
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -198,6 +208,36 @@ def _open_transaction(broker, topic: str, txn_id: str) -> TransactionalProducer:
     return p
 
 
+def _initialised(broker, txn_id: str) -> None:
+    """An id the coordinator knows, with no transaction (start time -1) and no producer
+    left using it."""
+    p = TransactionalProducer({"bootstrap.servers": broker.bootstrap_servers,
+                               "transactional.id": txn_id})  # fmt: skip
+    p.init_transactions()
+    p.close()
+
+
+def _set_row(jdbc_url: str, txn_id: str, **values: object) -> None:
+    """Overwrite columns of a state row (an old last write, another owner)."""
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        with engine.begin() as conn:
+            sets = ", ".join(f"{name} = :{name}" for name in values)
+            conn.execute(text(f"UPDATE {STATE} SET {sets} WHERE transactional_id = :tid"),
+                         {**values, "tid": txn_id})  # fmt: skip
+    finally:
+        engine.dispose()
+
+
+LONG_AGO = datetime(2000, 1, 1)
+"""A last write far older than any transaction timeout."""
+
+JSON_KEYS = {"transactional_id", "found", "state", "producer_id", "producer_epoch",
+             "transaction_start_time_ms", "started_at", "age_s", "transaction_timeout_ms",
+             "partitions"}  # fmt: skip
+"""describe --json's keys, as docs/operations.md lists them."""
+
+
 # ---------------------------------------------------------------------- describe
 @pytest.mark.broker
 def test_describe_shows_an_open_transaction(broker, capsys, txn_id):
@@ -213,9 +253,26 @@ def test_describe_shows_an_open_transaction(broker, capsys, txn_id):
     info = json.loads(out)
     assert code == 0 and info["found"] is True
     assert info["state"] == "Ongoing" and info["partitions"] == {topic: [0]}
-    assert info["age_s"] >= 0
+    assert info["age_s"] >= 0 and set(info) == JSON_KEYS
     p.abort_transaction()
     p.close()
+
+
+@pytest.mark.broker
+def test_describe_json_has_every_key_even_without_a_transaction(broker, capsys, txn_id):
+    """No transaction started (start time -1): started_at and age_s are there, null; an
+    unknown id has every key too."""
+    _initialised(broker, txn_id)
+    argv = ["describe", "--bootstrap-servers", broker.bootstrap_servers, "--json"]
+    code, out, err = _call([*argv, "--transactional-id", txn_id], capsys)
+    assert code == 0, err
+    info = json.loads(out)
+    assert set(info) == JSON_KEYS
+    assert info["started_at"] is None and info["age_s"] is None
+    assert info["transaction_start_time_ms"] == -1 and info["partitions"] == {}
+    code, out, _ = _call([*argv, "--transactional-id", f"{txn_id}-unknown"], capsys)
+    assert code == 4
+    assert set(json.loads(out)) == JSON_KEYS
 
 
 @pytest.mark.broker
@@ -264,6 +321,34 @@ def test_force_terminate_asks_before_fencing_a_live_producer(broker, capsys, txn
 
 
 @pytest.mark.broker
+def test_force_terminate_refuses_when_the_transaction_changed_while_it_asked(broker, txn_id):
+    """The question is about one transaction; while it is open, its producer commits and
+    begins another. "y" is then about what is gone: refused (exit 3), and the producer
+    is not fenced."""
+    topic = broker.create_topic()
+    p = _open_transaction(broker, topic, txn_id)
+
+    def move_on() -> str:
+        p.commit_transaction()
+        p.begin_transaction()
+        p.produce(topic, b"next", partition=0)
+        p.flush()  # the coordinator now shows the new transaction
+        return "y"
+
+    code, output = _in_terminal(
+        ["force-terminate", "--bootstrap-servers", broker.bootstrap_servers,
+         "--transactional-id", txn_id],
+        {"Proceed with force-terminate? [y/N]": move_on},
+    )  # fmt: skip
+    assert code == 3, output
+    assert f"transactional id {txn_id!r} changed while you were asked" in output
+    assert "nothing was done" in output
+    p.commit_transaction()  # not fenced
+    p.close()
+    assert broker.read_committed(topic, expected=2) == [(None, b"open"), (None, b"next")]
+
+
+@pytest.mark.broker
 def test_force_terminate_refuses_a_never_used_id(broker, capsys, txn_id):
     code, out, err = _call(["force-terminate", "--bootstrap-servers", broker.bootstrap_servers,
                             "--transactional-id", txn_id, "--yes"], capsys)  # fmt: skip
@@ -288,6 +373,64 @@ def test_force_terminate_of_an_old_idle_id_needs_no_confirmation(broker, capsys,
     assert "was Empty" in out and "no transaction was open" in out
 
 
+@pytest.mark.broker
+def test_force_terminate_with_a_hung_broker_says_what_may_have_happened(broker, txn_id):
+    """The broker answers DescribeTransactions but never InitProducerId (the fence): one
+    line saying the fence may or may not have happened, to run the command again and to
+    check with describe; not the library's "call init_transactions() again"."""
+    _initialised(broker, txn_id)
+    with SecureProxy(broker.bootstrap_servers, stall=frozenset({22})) as proxy:
+        done = _run("force-terminate", "--bootstrap-servers", proxy.bootstrap_servers,
+                    "--transactional-id", txn_id, "--timeout", "4", "--yes")  # fmt: skip
+        assert proxy.stalled  # the InitProducerId was sent, and left unanswered
+    assert done.returncode == 1
+    line = _one_line(done.stderr)
+    assert f"force-terminate of {txn_id!r} did not complete within 4s" in line
+    assert "may or may not have aborted" in line and "kafka-txn describe" in line
+    assert "run the same command again" in line.lower()
+    assert "call init_transactions() again" not in line
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("command", ["force-terminate", "recover"])
+def test_a_timeout_the_broker_refuses_is_one_line(broker, capsys, tmp_path, txn_id, command):
+    """transaction.timeout.ms above the broker's maximum: the broker refuses the init.
+    Exactly one line on stderr naming the setting: no log record of the library (it logs
+    the producer becoming unusable at ERROR) without -v."""
+    argv = [command, "--bootstrap-servers", broker.bootstrap_servers, "--transactional-id",
+            txn_id, "-X", "transaction.timeout.ms=900001", "--yes"]  # fmt: skip
+    if command == "recover":
+        jdbc_url = f"jdbc:sqlite:{tmp_path}/state.db"
+        _started_writer(broker, jdbc_url, txn_id)
+        argv += ["--jdbc-url", jdbc_url]
+    else:
+        _initialised(broker, txn_id)
+    code, out, err = _call(argv, capsys)
+    assert code == 1 and out == ""
+    line = _one_line(err)
+    assert "transaction.timeout.ms=900001" in line and "transaction.max.timeout.ms" in line
+    assert "nothing was fenced" in line
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("command", ["describe", "force-terminate"])
+def test_librdkafka_debug_stays_off_stderr_without_verbose(broker, command, txn_id):
+    """-X debug=all without -v: not one librdkafka line on stderr, neither from the
+    settings check nor from the producer; with -v, no "No bootstrap.servers configured"
+    from the settings check (it is a throwaway handle without brokers)."""
+    _initialised(broker, txn_id)
+    argv = [command, "--bootstrap-servers", broker.bootstrap_servers, "--transactional-id",
+            txn_id, "-X", "debug=all"]  # fmt: skip
+    if command == "force-terminate":
+        argv.append("--yes")
+    done = _run(*argv)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    verbose = _run(*argv, "-v")
+    assert verbose.returncode == 0, verbose.stderr
+    assert "bootstrap.servers` configured" not in verbose.stderr
+
+
 # ---------------------------------------------------------------------- recover
 @pytest.mark.broker
 def test_recover_settles_a_crashed_dual_write_once_confirmed(broker, capsys, jdbc_url):
@@ -295,12 +438,12 @@ def test_recover_settles_a_crashed_dual_write_once_confirmed(broker, capsys, jdb
     assert s.run("--batch", "0", "--crash-at", "after_db_commit").returncode == -9
     argv = ["recover", "--bootstrap-servers", broker.bootstrap_servers,
             "--jdbc-url", s.jdbc_url, "--transactional-id", s.txn_id]  # fmt: skip
-    before = _state_rows(s.jdbc_url)
+    before = _state_rows(s.jdbc_url)[s.txn_id]
     code, out, err = _call(argv, capsys)
     assert code == 3, err  # the crashed writer's transaction is recent: not without --yes
     assert "is still open" in err and "state row last written" in err
     assert "is not running" in err  # its owner is a process of this host, and gone
-    assert _state_rows(s.jdbc_url) == before
+    assert _state_rows(s.jdbc_url)[s.txn_id] == before  # (other tests share the table)
     assert broker.read_committed(s.topic, expected=0, timeout=1) == []
     code, out, err = _call([*argv, "--yes"], capsys)
     assert code == 0, err
@@ -323,6 +466,166 @@ def test_recover_asks_on_a_terminal(broker, tmp_path):
     assert code == 0, output
     assert f"{s.txn_id}: committed" in output
     s.assert_equal_sides(4)
+
+
+@pytest.mark.broker
+def test_recover_refuses_when_the_id_changed_hands_while_it_asked(broker, jdbc_url):
+    """The question is about a crashed writer; while it is open, a new writer starts on
+    the id (it recovers the crashed transaction and takes the id over). "y" is then about
+    a writer that is gone: refused (exit 3), and the new writer is not fenced."""
+    s = Scenario(broker, jdbc_url)
+    assert s.run("--batch", "0", "--crash-at", "after_db_commit").returncode == -9
+    newcomer = DualWriter({"bootstrap.servers": broker.bootstrap_servers,
+                           "transactional.id": s.txn_id}, s.jdbc_url)  # fmt: skip
+
+    def take_over() -> str:
+        newcomer.start()
+        return "y"
+
+    try:
+        code, output = _in_terminal(
+            ["recover", "--bootstrap-servers", broker.bootstrap_servers,
+             "--jdbc-url", s.jdbc_url, "--transactional-id", s.txn_id],
+            {"Proceed with recover? [y/N]": take_over},
+        )  # fmt: skip
+        assert code == 3, output
+        assert f"transactional id {s.txn_id!r} changed while you were asked" in output
+        assert f"the state row's owner is now {newcomer.owner}" in output
+        assert "nothing was done" in output
+        assert _state_rows(s.jdbc_url)[s.txn_id][1] == newcomer.owner
+        topic = broker.create_topic()
+        with newcomer.transaction() as tx:  # not fenced
+            tx.produce(topic, b"still mine")
+        assert broker.read_committed(topic, expected=1) == [(None, b"still mine")]
+    finally:
+        newcomer.close()
+    s.assert_equal_sides(4)  # the crashed transaction: committed, by the newcomer
+
+
+@pytest.mark.broker
+def test_recover_checks_the_state_row_again_under_its_lock(broker, jdbc_url, txn_id):
+    """The last check, inside the DualWriter's start() under the state-row lock, before
+    anything is settled, written or fenced: a row that changed hands since recover read it
+    is refused (exit 3), and the writer now holding the id carries on."""
+    _started_writer(broker, jdbc_url, txn_id)
+    engine, url = open_database(jdbc_url, None, None, 30)
+    try:
+        checked = read_state_row(engine, url, STATE, txn_id)
+        assert checked is not None
+        newcomer = DualWriter({"bootstrap.servers": broker.bootstrap_servers,
+                               "transactional.id": txn_id}, jdbc_url)  # fmt: skip
+        newcomer.start()
+        try:
+            args = _parser().parse_args(["recover", "--bootstrap-servers",
+                                         broker.bootstrap_servers, "--jdbc-url", jdbc_url,
+                                         "--transactional-id", txn_id])  # fmt: skip
+            with pytest.raises(_CommandError) as info:
+                _settle(_kafka_settings(args), engine, args, Deadline(30), checked)
+            assert info.value.code == 3
+            assert "changed hands before recover could lock its state row" in str(info.value)
+            assert newcomer.owner in str(info.value) and "Nothing was done" in str(info.value)
+            assert _state_rows(jdbc_url)[txn_id][1] == newcomer.owner
+            topic = broker.create_topic()
+            with newcomer.transaction() as tx:  # not fenced
+                tx.produce(topic, b"still mine")
+            assert broker.read_committed(topic, expected=1) == [(None, b"still mine")]
+        finally:
+            newcomer.close()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.broker
+def test_recover_asks_before_fencing_an_idle_writer_of_this_host(broker, jdbc_url, capsys, txn_id):
+    """A writer between transactions, idle for longer than any window (its state row
+    last written long ago, no transaction started): its owner token names this host and a
+    process that runs (this one), so recover asks; without a terminal it refuses, and the
+    writer carries on."""
+    writer = DualWriter(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}, jdbc_url
+    )
+    writer.start()
+    try:
+        _set_row(jdbc_url, txn_id, updated_at=LONG_AGO)
+        code, out, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                                "--jdbc-url", jdbc_url, "--transactional-id", txn_id],
+                               capsys)  # fmt: skip
+        assert code == 3, err
+        line = _one_line(err)
+        assert f"owned by process {os.getpid()} of this host, which is running" in line
+        assert writer.owner in line and "last written" in line and out == ""
+        topic = broker.create_topic()
+        with writer.transaction() as tx:  # not fenced
+            tx.produce(topic, b"still mine")
+        assert broker.read_committed(topic, expected=1) == [(None, b"still mine")]
+    finally:
+        writer.close()
+
+
+@pytest.mark.broker
+def test_recover_of_an_old_row_owned_on_another_host_does_not_ask(broker, capsys, tmp_path, txn_id):
+    """An owner on another host cannot be checked: only recency applies, and a row and a
+    transaction older than the window need no confirmation."""
+    jdbc_url = f"jdbc:sqlite:{tmp_path}/elsewhere.db"
+    _started_writer(broker, jdbc_url, txn_id)
+    _set_row(jdbc_url, txn_id, updated_at=LONG_AGO, owner="elsewhere.invalid:4242:0badcafe")
+    code, out, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                            "--jdbc-url", jdbc_url, "--transactional-id", txn_id],
+                           capsys)  # fmt: skip
+    assert code == 0, err
+    assert out.startswith(f"{txn_id}: ") and err == ""
+
+
+@pytest.mark.broker
+def test_recover_with_a_hung_broker_says_what_may_have_happened(broker, tmp_path):
+    """The broker never answers InitProducerId, the fence after recovery: one line saying
+    what may have happened and to run recover again; then, with the broker back, recover
+    finishes and both sides hold the batch."""
+    s = Scenario(broker, f"jdbc:sqlite:{tmp_path}/hung.db")
+    assert s.run("--batch", "0", "--crash-at", "after_db_commit").returncode == -9
+    with SecureProxy(broker.bootstrap_servers, stall=frozenset({22})) as proxy:
+        done = _run("recover", "--bootstrap-servers", proxy.bootstrap_servers,
+                    "--jdbc-url", s.jdbc_url, "--transactional-id", s.txn_id,
+                    "--timeout", "5", "--yes")  # fmt: skip
+    assert done.returncode == 1
+    line = _one_line(done.stderr)
+    assert f"recover of {s.txn_id!r} did not complete within 5s" in line
+    assert "may or may not have been fenced" in line and "run recover again" in line
+    assert "kafka-txn describe" in line and "complete_transaction()" not in line
+    again = _run("recover", "--bootstrap-servers", broker.bootstrap_servers,
+                 "--jdbc-url", s.jdbc_url, "--transactional-id", s.txn_id, "--yes")  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    s.assert_equal_sides(4)
+
+
+@pytest.mark.broker
+def test_recover_with_a_state_table_older_than_the_owner_column(broker, jdbc_url, capsys, txn_id):
+    """A state table created before owner tokens: one line with the statement to run
+    (recover never changes a schema), not a Python argument the CLI does not have."""
+    table = f"old_state_{uuid.uuid4().hex[:8]}"
+    _initialised(broker, txn_id)  # the coordinator knows the id: recover gets that far
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE TABLE {table} (transactional_id VARCHAR(255) PRIMARY "
+                              "KEY, prepared_txn_state VARCHAR(4096) NOT NULL, "
+                              "updated_at TIMESTAMP NULL)"))  # fmt: skip
+            conn.execute(text(f"INSERT INTO {table} VALUES (:t, '', :u)"),
+                         {"t": txn_id, "u": LONG_AGO})  # fmt: skip
+        code, out, err = _call(["recover", "--bootstrap-servers", broker.bootstrap_servers,
+                                "--jdbc-url", jdbc_url, "--transactional-id", txn_id,
+                                "--state-table", table, "--yes"], capsys)  # fmt: skip
+        assert code == 1 and out == ""
+        line = _one_line(err)
+        assert f"the state table {table!r}" in line and "has no 'owner' column" in line
+        assert "ALTER TABLE" in line and "ADD COLUMN" in line and "nothing was done" in line
+        assert "create_state_table" not in line
+        columns = {c["name"] for c in inspect(engine).get_columns(table)}
+        assert "owner" not in columns  # the schema is as it was
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE {table}"))
+        engine.dispose()
 
 
 @pytest.mark.broker
@@ -636,6 +939,48 @@ def test_progress_on_a_terminal_and_verbose_logs():
     assert lines[-1].startswith("kafka-txn: error: ")
 
 
+@pytest.mark.parametrize(
+    "jdbc", ["jdbc:postgresql://127.0.0.1:{port}/test?user=postgres",
+             "jdbc:mysql://127.0.0.1:{port}/test?user=root"],
+    ids=["postgresql", "mysql"],
+)  # fmt: skip
+def test_a_database_that_never_answers_honours_the_timeout(jdbc):
+    """The database port accepts connections and never answers (PyMySQL's
+    connect_timeout alone covers the TCP connect, not the server's greeting): exit 1 and
+    one line, in about --timeout (an upper bound as a hang guard only)."""
+    with _silent_server() as port:
+        started = time.monotonic()
+        done = _run("recover", "--bootstrap-servers", "127.0.0.1:1", "--transactional-id",
+                    "x", "--jdbc-url", jdbc.format(port=port), "--timeout", "3",
+                    timeout=60)  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    line = _one_line(done.stderr)
+    assert f"no answer from 127.0.0.1:{port} in time" in line
+    assert elapsed < 3 + 25
+
+
+@pytest.mark.broker
+def test_a_broker_certificate_kafka_txn_does_not_trust_is_named_as_such(broker, capsys, tmp_path):
+    """kafka-txn refuses the broker's certificate (signed by a CA it was not given): said
+    as kafka-txn not trusting the broker, not as the broker refusing kafka-txn."""
+    certs = make_certificates(tmp_path / "certs")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(certs.server_cert, certs.server_key)
+    with SecureProxy(broker.bootstrap_servers, tls=server) as proxy:
+        code, out, err = _call(["describe", "--bootstrap-servers", proxy.bootstrap_servers,
+                                "--transactional-id", "x", "-X", "security.protocol=SSL",
+                                "-X", f"ssl.ca.location={certs.other_ca}", "--timeout", "10"],
+                               capsys)  # fmt: skip
+    assert code == 1 and out == ""
+    line = _one_line(err)
+    assert line.startswith(
+        f"kafka-txn: error: kafka-txn does not trust the TLS certificate of the broker at "
+        f"{proxy.bootstrap_servers}, and did not connect: "
+    )
+    assert "ssl.ca.location" in line and "refused to authenticate" not in line
+
+
 @pytest.mark.parametrize("server", ["http", "postgresql"])
 def test_a_port_that_is_not_kafka_says_so_in_one_line(server, request):
     """An HTTP server, or PostgreSQL's port: named as not Kafka at once, not retried until
@@ -683,11 +1028,42 @@ def test_a_port_that_is_not_kafka_says_so_in_one_line(server, request):
     ],
 )  # fmt: skip
 def test_bad_arguments_exit_2(argv, needle, capsys):
+    """Exit 2 and one line; argparse's own errors print the usage before it, and nothing
+    else."""
     code, out, err = _call(argv, capsys)
     assert code == 2
     assert needle in err
-    assert err.strip().splitlines()[-1].startswith("kafka-txn")
+    *usage, last = err.strip().splitlines()
+    assert last.startswith("kafka-txn")
+    if usage:
+        assert usage[0].startswith("usage: kafka-txn"), err
+        assert all(line.startswith(" ") for line in usage[1:]), err
     assert out == ""
+
+
+_PYTHON_OBJECTS = ["error_cb=x", "stats_cb=x", "throttle_cb=x", "oauth_cb=x", "on_delivery=x",
+                   "logger=x"]  # fmt: skip
+_NOT_TRANSACTIONAL = ["acks=1", "retries=0", "max.in.flight.requests.per.connection=6",
+                      "message.timeout.ms=1000000"]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["describe", "force-terminate", "recover"])
+@pytest.mark.parametrize("setting", [*_PYTHON_OBJECTS, *_NOT_TRANSACTIONAL])
+def test_a_setting_no_transactional_producer_can_have_exits_2_on_one_line(command, setting, capsys):
+    """Checked the same way for every command, before anything connects: a callback or
+    logger (a Python object: a command line has only strings), and what librdkafka
+    refuses for a transactional producer. One line, exit 2; nothing is reached (the
+    broker's port is closed, the database file does not exist)."""
+    argv = [command, "--bootstrap-servers", f"127.0.0.1:{_closed_port()}",
+            "--transactional-id", "x", "-X", setting]  # fmt: skip
+    if command == "recover":
+        argv += ["--jdbc-url", "jdbc:sqlite:/nonexistent/state.db"]
+    code, out, err = _call(argv, capsys)
+    assert code == 2, err
+    line = _one_line(err)
+    assert line.startswith(f"kafka-txn: {command}: error: -X"), line
+    key = setting.partition("=")[0].removesuffix(".requests.per.connection")
+    assert key in line and out == ""
 
 
 def test_version(capsys):

@@ -77,6 +77,7 @@ from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings
 from .errors import (
     ConfigurationError,
     DatabaseCommitUnknownError,
+    FatalError,
     IllegalStateError,
     InvalidPreparedStateError,
     KafkaTxnError,
@@ -297,15 +298,16 @@ class _CompletionMarks:
             state = self._pending
         return state is None or self._store(state)
 
-    def close(self) -> None:
-        """Stop the background thread, then flush."""
+    def close(self) -> bool:
+        """Stop the background thread, then flush; False if the mark could not be
+        stored."""
         with self._cond:
             self._closed = True
             self._cond.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
-        self.flush()
+        return self.flush()
 
     def _store(self, state: PreparedTxnState) -> bool:
         try:
@@ -871,8 +873,11 @@ class DualWriter:
         """Store the last commit's state marked completed, close the producer and the
         engine's pool. A transaction in flight aborts; a prepared or in-doubt one (the
         database may have committed it) is left for the next ``start()``."""
-        self._marks.close()  # before the producer's close, which may abort and bump
-        self.producer.close()
+        # Before the producer's close, which aborts a transaction in flight and may bump
+        # the epoch: if the mark cannot be stored, that transaction is left open instead
+        # (the next start() settles the mark, then aborts it).
+        marked = self._marks.close()
+        self.producer._close(abort_open=marked)
         self.engine.dispose()
 
     def __enter__(self) -> DualWriter:
@@ -986,13 +991,33 @@ class DualWriter:
         except DBAPIError as exc:
             log.warning("database rollback failed: %s", exc)
         if began and self.producer.in_transaction:
-            # The abort may bump the epoch (KIP-360): the last commit's state must be
+            # The abort may bump the epoch (librdkafka's KIP-360 abort), after which the
+            # coordinator no longer shows how the last commit ended: its state must be
             # stored completed first, or a later recovery could not tell it was settled.
-            self._marks.flush()
+            if not self._marks.flush():
+                self._leave_open()
+                return
             try:
                 self.producer.abort_transaction()
             except KafkaTxnError as exc:
                 log.warning("Kafka abort after a failed dual write failed: %s", exc)
+
+    def _leave_open(self) -> None:
+        """The last commit could not be stored completed: rather than abort (which may
+        bump the epoch and make that commit unprovable), leave this transaction open and
+        stop the writer. The next ``start()`` stores the mark, then fences, which aborts
+        it; until then, or ``transaction.timeout.ms``, it holds back read_committed
+        readers of its partitions."""
+        tid = self.transactional_id
+        self._broken = FatalError(
+            f"the dual write of {tid!r} failed before its database commit, and the state "
+            "of the last committed transaction could not be stored marked completed (the "
+            "database refused or was unreachable; see the warning logged), so the open "
+            "Kafka transaction was NOT aborted: an abort may bump the producer epoch, "
+            "after which recovery could no longer prove that commit. Nothing of this "
+            f"transaction is visible. Close this writer and start a new one for {tid!r}: "
+            "its start() settles the last commit, then aborts this transaction"
+        )
 
     def _commit_database(self, conn: Connection) -> None:
         try:

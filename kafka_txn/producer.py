@@ -513,12 +513,25 @@ class TransactionalProducer:
         transactional.id is next initialised), except a prepared or in-doubt one, which
         is left open for its decider or recovery, and one whose commit's outcome is
         unknown, which is never aborted blindly. Safe to call more than once."""
+        self._close(timeout)
+
+    def _close(self, timeout: float = 10.0, *, abort_open: bool = True) -> None:
+        """close(); ``abort_open=False`` leaves an open transaction to the coordinator
+        (``transaction.timeout.ms``) or the next ``init_transactions()`` instead of
+        aborting it: for DualWriter, when an abort could bump the epoch (KIP-360) before
+        the last commit is recorded as settled."""
         with self._lock:
             state = self._life.state
             if state is State.CLOSED:
                 return
             done = "close() closed the producer"
-            if state in (_IN_TXN, State.ABORTABLE, State.ABORTING):
+            open_txn = state in (_IN_TXN, State.ABORTABLE, State.ABORTING)
+            if open_txn and not abort_open:
+                log.warning(
+                    "close(): the open transaction of %r is left to the coordinator, not "
+                    "aborted", self.transactional_id,
+                )  # fmt: skip
+            elif open_txn:
                 try:
                     self._completion.abort(timeout)
                     done = "close() aborted the open transaction and closed the producer"
@@ -527,8 +540,10 @@ class TransactionalProducer:
             # A commit whose outcome is unknown (COMMITTING) may already be decided by the
             # coordinator: confluent-kafka's close() would try to abort it (librdkafka
             # refuses: "Conflicting commit_transaction API call is already in progress").
-            keep_open = state is State.COMMITTING or (
-                self._twophase is not None and self._twophase.prepared is not None
+            keep_open = (
+                state is State.COMMITTING
+                or (open_txn and not abort_open)
+                or (self._twophase is not None and self._twophase.prepared is not None)
             )
             self._life.transition_to(State.CLOSED)
             if self._twophase is not None:

@@ -490,16 +490,16 @@ def test_close_marks_the_last_commit_completed_so_an_epoch_bump_is_harmless(
     events.create(writer.engine, checkfirst=True)
     _write(writer, events, topic, "once")
     committed = PreparedTxnState(_state_row(jdbc_url, txn_id))
-    at_close: list[str] = []
-    close = writer.producer.close
+    at_close: list[tuple[str, bool]] = []
+    close = writer.producer._close
 
-    def recording_close(timeout: float = 10.0) -> None:
-        at_close.append(_state_row(jdbc_url, txn_id))
-        close(timeout)
+    def recording_close(timeout: float = 10.0, *, abort_open: bool = True) -> None:
+        at_close.append((_state_row(jdbc_url, txn_id), abort_open))
+        close(timeout, abort_open=abort_open)
 
-    writer.producer.close = recording_close  # type: ignore[method-assign]
+    writer.producer._close = recording_close  # type: ignore[method-assign]
     writer.close()
-    assert at_close == [str(committed.mark_completed())]
+    assert at_close == [(str(committed.mark_completed()), True)]
     _bump_epoch(conf)
     successor = DualWriter(conf, jdbc_url)
     try:

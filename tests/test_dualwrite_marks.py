@@ -1,4 +1,4 @@
-"""DualWriter never aborts Kafka before the last commit is stored settled (guarantee 4.10).
+"""DualWriter never aborts Kafka before the last commit is stored settled (guarantee 4.7).
 
 librdkafka's abort may bump the producer epoch (KIP-360: an abortable error that needs a
 new epoch is cleared by InitProducerId, which ends the transaction). After that, the

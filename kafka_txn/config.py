@@ -91,6 +91,14 @@ class ProducerSettings(BaseModel):
     """KIP-939's client setting: allow prepare_transaction() and recovery."""
     extra: Mapping[str, Any] = Field(default_factory=dict)
 
+    @field_validator("transactional_id")
+    @classmethod
+    def _transactional_id_is_not_blank(cls, value: str) -> str:
+        # validate_config refuses a blank id too: settings that build must validate.
+        if not value.strip():
+            raise ValueError("is blank")
+        return value
+
     @field_validator("extra")
     @classmethod
     def _extra_keys_are_strings(cls, value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -206,7 +214,10 @@ def _describe_setting_error(error: Mapping[str, Any]) -> str:
             what = str(error.get("ctx", {}).get("error", what))
         return f"extra: {what}: {_SETTINGS_FIXES[field]}"
     value = f"={error.get('input')!r}" if field in _SHOWN_VALUES else ""
-    return f"{where}{value}: {error.get('msg', 'invalid')}: {_SETTINGS_FIXES[field]}"
+    what = error.get("msg", "invalid")
+    if kind == "value_error":  # our own validators: their words, not "Value error, ..."
+        what = str(error.get("ctx", {}).get("error", what))
+    return f"{where}{value}: {what}: {_SETTINGS_FIXES[field]}"
 
 
 def _settings_error(exc: ValidationError) -> ConfigurationError:
@@ -266,7 +277,10 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
         )
     for key in conf:
         if not isinstance(key, str):
-            raise ConfigurationError(f"config key {key!r} is not a string")
+            raise ConfigurationError(
+                f"config key {key!r} is not a string: librdkafka properties are named by "
+                "strings, e.g. 'linger.ms'"
+            )
 
     txn_id = conf.get("transactional.id")
     if txn_id is None or (isinstance(txn_id, str) and not txn_id.strip()):
@@ -275,7 +289,10 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
             "restarts of this producer (e.g. 'orders-writer-0'); it is what fences zombies"
         )
     if not isinstance(txn_id, str):
-        raise ConfigurationError(f"transactional.id must be a string, got {txn_id!r}")
+        raise ConfigurationError(
+            f"transactional.id must be a string, got {txn_id!r}: set it to a name that is "
+            "stable across restarts of this producer (e.g. 'orders-writer-0')"
+        )
     if "bootstrap.servers" not in conf and "test.mock.num.brokers" not in conf:
         raise ConfigurationError(
             "bootstrap.servers is required: set it to 'host:port[,host:port...]'"
@@ -296,9 +313,10 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
     timeout = conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)
     try:
         timeout_ms = int(timeout)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
         raise ConfigurationError(
-            f"transaction.timeout.ms={timeout!r} is not a number of milliseconds"
+            f"transaction.timeout.ms={timeout!r} is not a number of milliseconds: use a "
+            "whole number, at least 1000, and more than your longest transaction"
         ) from None
     if timeout_ms < 1000:
         raise ConfigurationError(
@@ -311,7 +329,10 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
         if key in conf:
             cb = conf.pop(key)
             if not callable(cb):
-                raise ConfigurationError(f"{key} must be callable, got {type(cb).__name__}")
+                raise ConfigurationError(
+                    f"{key} must be callable, got {type(cb).__name__}: pass a function, "
+                    "or remove the key"
+                )
             callbacks[key] = cb
     two_phase = _as_bool(TWO_PHASE_COMMIT_KEY, conf.pop(TWO_PHASE_COMMIT_KEY, False))
     conf["enable.idempotence"] = True

@@ -23,6 +23,7 @@ confluent-kafka cannot take a nested poll or flush, or a close, from inside a ca
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
 import uuid
@@ -266,6 +267,81 @@ def test_lifecycle_docs_are_generated_from_the_table():
 
 def _node(state: State) -> str:
     return state.value.replace(" ", "_")
+
+
+# Found by mutation testing (make mutants): what the table tests above do not pin down.
+def test_a_fatal_error_is_logged_once_with_the_id_and_the_code(caplog):
+    life = Lifecycle("orders-0")
+    first = FatalError("fenced", kafka_error=KafkaError(KafkaError.PRODUCER_FENCED))
+    with caplog.at_level(logging.ERROR, logger="kafka_txn.lifecycle"):
+        life.enter_fatal(first)
+        life.enter_fatal(FatalError("again", kafka_error=KafkaError(KafkaError._FENCED)))
+    (record,) = caplog.records  # the first fatal error only, as every call raises it
+    assert record.getMessage() == f"producer 'orders-0' is now unusable: {first}"
+    # docs/operations.md: structured fields for a JSON formatter.
+    assert (record.transactional_id, record.error_code) == ("orders-0", "PRODUCER_FENCED")
+    assert life.fatal is first and life.state is S.FATAL
+
+
+def test_moves_are_logged_and_an_illegal_one_names_the_producer(caplog):
+    life = Lifecycle("orders-0")
+    life.state = S.IN_TRANSACTION
+    with caplog.at_level(logging.DEBUG, logger="kafka_txn.lifecycle"):
+        life.transition_to(S.ABORTING)
+        life.transition_to(S.ABORTING)  # a retried abort: no move, nothing logged
+    assert [r.getMessage() for r in caplog.records] == [
+        "producer 'orders-0': in transaction -> aborting"
+    ]
+    life.state = S.CLOSED
+    with pytest.raises(IllegalStateError, match="'closed' -> 'ready' for 'orders-0'"):
+        life.transition_to(S.READY)
+
+
+def test_a_call_with_its_arguments_is_named_as_written():
+    life = Lifecycle("spec")
+    life.state = S.READY
+    assert str(life.refusal(KEEP)) == (
+        "init_transactions(keep_prepared_txn=True) not allowed in state 'ready': "
+        "init_transactions() was already called"
+    )
+    assert str(life.refusal(INIT)).startswith("init_transactions() not allowed")
+
+
+def test_after_an_abort_the_next_failure_is_the_one_reported():
+    life = Lifecycle("spec")
+    life.state = S.IN_TRANSACTION
+    failures = []
+    for text in ("first failure", "second failure"):
+        failure = TransactionAbortableError(text, kafka_error=KafkaError(KafkaError._MSG_TIMED_OUT))
+        failures.append(failure)
+        life.enter_abortable(failure)
+        assert life.state is S.ABORTABLE and life.abortable is failure
+        with pytest.raises(TransactionAbortableError) as refused:
+            life.refuse_send("produce")
+        assert str(refused.value) == (
+            f"produce() refused: the transaction already failed ({text}); call abort_transaction()"
+        )
+        assert refused.value.kafka_error is failure.kafka_error
+        assert refused.value.__cause__ is failure
+        life.transition_to(S.ABORTING)
+        life.aborted()
+        assert life.state is S.READY and life.abortable is None
+        life.transition_to(S.IN_TRANSACTION)
+
+
+@pytest.mark.parametrize("state", [S.PREPARED, S.IN_DOUBT], ids=lambda s: s.name)
+def test_a_prepared_transaction_that_failed_is_not_told_to_abort(state: State):
+    # enter_abortable keeps a prepared or in-doubt transaction's state: the send is
+    # refused as illegal there, without the advice (and the cause) of ABORTABLE.
+    life = Lifecycle("spec")
+    life.state = state
+    life.enter_abortable(TransactionAbortableError("a record failed"))
+    assert life.state is state
+    for call in (lambda: life.refuse_send("produce"), lambda: life.require(BEGIN)):
+        with pytest.raises(IllegalStateError) as refused:
+            call()
+        assert not isinstance(refused.value, TransactionAbortableError)
+        assert refused.value.__cause__ is None
 
 
 # ------------------------------------------------------------------ real producers

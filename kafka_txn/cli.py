@@ -206,8 +206,10 @@ def _describe_id(
     except AuthenticationError as exc:
         if isinstance(exc.__cause__, ssl.SSLCertVerificationError):
             # Our side refused the broker's certificate, not the broker us. The
-            # coordinator's message: "TLS: the certificate of ADDR was not accepted: WHY".
-            detail = str(exc).partition(" was not accepted: ")[2] or str(exc)
+            # coordinator's message: "kafka-txn does not trust the TLS certificate of
+            # ADDR (WHY): check ...".
+            text = str(exc)
+            detail = text.partition(" (")[2].rpartition("): check ")[0] or text
             raise _CommandError(
                 EXIT_FAILED,
                 f"kafka-txn does not trust the TLS certificate of the broker at {servers}, "

@@ -11,7 +11,10 @@ dropped connections are retried with tenacity, re-finding the coordinator each t
 Each public call finishes within ``deadline_s``: every connect, TLS handshake, SASL
 exchange and request gets only the time left (``BrokerConnection.deadline``), and no
 retry starts once it is spent. Refusals that retrying cannot fix (authentication, TLS
-certificates, a peer that is not Kafka) are raised at once.
+certificates, a peer that is not Kafka) are raised at once; a connection dropped during
+the TLS handshake is retried once, then taken for a PLAINTEXT listener. Each bootstrap
+server gets only its share of the time left, so that a silent one cannot starve the
+others.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .connection import (
     Exchange,
     NotKafkaError,
     ProtocolError,
+    TlsDroppedError,
 )
 from .messages import DESCRIBE_TRANSACTIONS, END_TXN, FIND_COORDINATOR, INIT_PRODUCER_ID
 
@@ -165,6 +169,10 @@ class CoordinatorClient:
         self._coordinator: BrokerConnection | None = None
         self._deadline: float | None = None
         """``time.monotonic()`` by which the public call under way must end."""
+        self._tls_dropped: set[tuple[str, int]] = set()
+        """Servers that dropped a TLS handshake during the call under way."""
+        self._server_errors: dict[tuple[str, int], ProtocolError] = {}
+        """Each bootstrap server's latest failure during the call under way."""
 
     # ------------------------------------------------------------------ public calls
     def describe(self) -> TransactionDescription:
@@ -277,6 +285,8 @@ class CoordinatorClient:
             reraise=True,
         )
         self._deadline = deadline
+        self._tls_dropped.clear()
+        self._server_errors.clear()
         try:
             return retrying(call)
         except DeadlineExceededError:
@@ -291,25 +301,64 @@ class CoordinatorClient:
             self._coordinator.close()
             self._coordinator = None
 
-    def _connect(self, host: str, port: int) -> BrokerConnection:
-        return BrokerConnection(self.settings, host, port, deadline=self._deadline)
+    def _connect(self, host: str, port: int, deadline: float | None = None) -> BrokerConnection:
+        """A connection to ``host:port`` within ``deadline`` (default: the call's). A
+        connection dropped during the TLS handshake is retried once in a call, then is a
+        NotKafkaError (security.protocol does not match the listener)."""
+        try:
+            return BrokerConnection(self.settings, host, port, deadline=deadline or self._deadline)
+        except TlsDroppedError as exc:
+            if (host, port) in self._tls_dropped:
+                raise NotKafkaError(str(exc)) from exc
+            self._tls_dropped.add((host, port))
+            raise
 
     def _any_broker(self) -> BrokerConnection:
+        """A connection to the first bootstrap server that answers. Each server gets at
+        most its share of the time left (at least 1 s), so that one that accepts and
+        never answers cannot starve the others (librdkafka tries its bootstrap servers
+        independently too); the error names every server tried with its own failure."""
         if self._bootstrap is not None:
             self._bootstrap.deadline = self._deadline
             return self._bootstrap
-        errors: list[ProtocolError] = []
-        for host, port in self.settings.bootstrap:
+        servers = self.settings.bootstrap
+        for index, (host, port) in enumerate(servers):
+            share = self._share(len(servers) - index)
             try:
-                self._bootstrap = self._connect(host, port)
-                return self._bootstrap
-            except (AuthenticationError, DeadlineExceededError):
+                conn = self._connect(host, port, share)
+            except AuthenticationError:
                 raise
+            except DeadlineExceededError as exc:
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    # The call's own deadline: no time for this server or the others.
+                    self._server_errors.setdefault((host, port), exc)
+                    break
+                self._server_errors[host, port] = DeadlineExceededError(
+                    f"{host}:{port}: no answer in time"
+                )
+                continue
             except ProtocolError as exc:
-                errors.append(exc)
+                self._server_errors[host, port] = exc
+                continue
+            conn.deadline = self._deadline
+            self._bootstrap = conn
+            return conn
+        # Each server's latest failure in this call (an earlier attempt's, for one the
+        # deadline left no time to try again).
+        errors = [self._server_errors[s] for s in servers if s in self._server_errors]
         if errors and all(isinstance(e, NotKafkaError) for e in errors):
             raise NotKafkaError("; ".join(str(e) for e in errors))
-        raise ProtocolError("no bootstrap server reachable: " + "; ".join(map(str, errors)))
+        if len(errors) == 1:
+            raise errors[0]
+        raise ProtocolError("no bootstrap server usable: " + "; ".join(map(str, errors)))
+
+    def _share(self, remaining: int) -> float | None:
+        """The deadline of one bootstrap attempt when ``remaining`` servers are still
+        to be tried: min(time left, max(1 s, time left / remaining))."""
+        if self._deadline is None:
+            return None
+        left = self._deadline - time.monotonic()
+        return time.monotonic() + min(left, max(1.0, left / remaining))
 
     def _coordinator_conn(self) -> BrokerConnection:
         if self._coordinator is not None:

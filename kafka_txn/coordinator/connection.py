@@ -43,6 +43,7 @@ __all__ = [
     "Exchange",
     "NotKafkaError",
     "ProtocolError",
+    "TlsDroppedError",
 ]
 
 _PROTOCOLS = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
@@ -64,6 +65,12 @@ class AuthenticationError(ProtocolError):
 
 class DeadlineExceededError(ProtocolError):
     """The deadline of the call under way passed before this step could start."""
+
+
+class TlsDroppedError(ProtocolError):
+    """The peer closed or reset the connection during the TLS handshake: what a
+    PLAINTEXT listener does to a TLS client, and rarely a TLS broker in trouble; the
+    coordinator client retries it once, then calls it a NotKafkaError."""
 
 
 class NotKafkaError(ProtocolError):
@@ -247,6 +254,14 @@ def _host_port(item: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ConfigurationError(f"bootstrap.servers entry {item!r} is not host:port")
     return host.strip("[]"), int(port)
+
+
+def _dropped(exc: OSError) -> bool:
+    """Whether ``exc`` is the peer closing or resetting the connection (not a timeout,
+    not a TLS alert)."""
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionError)):
+        return True
+    return "UNEXPECTED_EOF" in _reason(exc).upper()
 
 
 def _reason(exc: OSError) -> str:
@@ -485,8 +500,16 @@ class BrokerConnection:
             failure = self._tls_failure(exc) if isinstance(exc, ssl.SSLError) else None
             if failure is not None and type(failure) is not ProtocolError:
                 raise failure from exc
-            # Dropped during the handshake: retried, but a PLAINTEXT listener does this
-            # to every TLS client (it reads the ClientHello as an absurd request size).
+            if _dropped(exc):
+                # Apache Kafka's PLAINTEXT listener closes on every ClientHello: it reads
+                # 0x16030100 as a request size above socket.request.max.bytes
+                # (NetworkReceive's InvalidReceiveException). The client retries this
+                # once (a TLS broker restarting or a proxy without backends does it too).
+                raise TlsDroppedError(
+                    f"{self.address} closed the connection during the TLS handshake "
+                    f"({_reason(exc) or type(exc).__name__}): is it a TLS listener? check "
+                    f"security.protocol (it is {self._settings.security_protocol.upper()})"
+                ) from exc
             raise ProtocolError(
                 f"TLS handshake with {self.address} failed: "
                 f"{_reason(exc) or type(exc).__name__} (is it a TLS listener? "
@@ -501,8 +524,9 @@ class BrokerConnection:
         if isinstance(exc, ssl.SSLCertVerificationError):
             hint = _VERIFY_HINTS.get(exc.verify_code, "")
             return AuthenticationError(
-                f"TLS: the certificate of {self.address} was not accepted: "
-                f"{exc.verify_message}" + (f"; {hint}" if hint else "")
+                f"kafka-txn does not trust the TLS certificate of {self.address} "
+                f"({exc.verify_message}" + (f"; {hint}" if hint else "") + "): check "
+                "ssl.ca.location / ssl.ca.pem / ssl.endpoint.identification.algorithm"
             )
         reason = _reason(exc)
         upper = reason.upper()

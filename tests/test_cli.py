@@ -979,6 +979,7 @@ def test_a_broker_certificate_kafka_txn_does_not_trust_is_named_as_such(broker, 
         f"{proxy.bootstrap_servers}, and did not connect: "
     )
     assert "ssl.ca.location" in line and "refused to authenticate" not in line
+    assert line.count("does not trust") == 1 and line.count(proxy.bootstrap_servers) == 1
 
 
 @pytest.mark.parametrize("server", ["http", "postgresql"])

@@ -3,10 +3,13 @@ encoder (generated from Apache Kafka's JSON message specs), and SCRAM against RF
 
 from __future__ import annotations
 
+import re
+import struct
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 from kafka.protocol.admin.transactions import (
     DescribeTransactionsRequest,
@@ -43,6 +46,7 @@ from kafka_txn.coordinator.messages import (
     Api,
 )
 from kafka_txn.coordinator.scram import ScramClient, ScramError
+from tests.fuzzing import assert_every_branch, reached_branches
 
 REQUESTS: list[tuple[Api, Any, dict[str, Any]]] = [
     (API_VERSIONS, ApiVersionsRequest, {}),
@@ -189,15 +193,231 @@ def test_api_versions_and_sasl_responses_decode():
     )
 
 
-@given(st.binary(max_size=300))
-def test_decoding_garbage_raises_only_decode_error(data):
-    for flexible in (False, True):
-        try:
-            codec.decode(DESCRIBE_TRANSACTIONS.responses[0], data, flexible)
-        except codec.DecodeError:
-            pass
-        except UnicodeDecodeError:  # a string field with invalid UTF-8
-            pass
+# ---------------------------------------------------------------- fuzzing the decoder
+# Every example is a valid response body (random values for one version of one API the
+# client reads, encoded by the codec) with one part damaged the way a wrong version or a
+# broken peer would: cut short, bytes left over, a null in a non-nullable string, invalid
+# UTF-8, an array longer than the body, a varint of more than 64 bits; or unknown tagged
+# fields added, which a reader skips (KIP-482). The outcome of each is known when it is
+# made; decoding raises only DecodeError or UnicodeDecodeError (both ValueError, which
+# connection.py reports as a bad answer), and an undamaged body decodes to its values.
+_APIS = [
+    API_VERSIONS,
+    FIND_COORDINATOR,
+    DESCRIBE_TRANSACTIONS,
+    END_TXN,
+    INIT_PRODUCER_ID,
+    SASL_HANDSHAKE,
+    SASL_AUTHENTICATE,
+]
+_RESPONSES = [(api, version) for api in _APIS for version in sorted(api.responses)]
+_FIXED_RANGES = {">b": 7, ">h": 15, ">i": 31, ">q": 63}
+_DECODE_REFUSALS = {
+    "truncated": r"^truncated: wanted -?\d+ bytes at offset \d+ of \d+$",
+    "bytes left over": r"^\d+ bytes left over after the message$",
+    "null in a non-nullable string": r"^null in a non-nullable string field$",
+    "array longer than the body": r"^array of \d+ items cannot fit in \d+ bytes$",
+    "varint of more than 64 bits": r"^unsigned varint longer than 64 bits$",
+}
+CODEC_BRANCHES = {"valid", "invalid UTF-8", *_DECODE_REFUSALS}
+
+
+def _values(kind: codec.FieldType) -> st.SearchStrategy[Any]:
+    """Values the codec can encode as ``kind``."""
+    if isinstance(kind, codec.Struct):
+        return st.fixed_dictionaries({name: _values(k) for name, k in kind.fields})
+    if isinstance(kind, codec.Array):
+        return st.none() | st.lists(_values(kind.item), max_size=3)
+    if kind is codec.BOOL:
+        return st.booleans()
+    if kind in (codec.INT8, codec.INT16, codec.INT32, codec.INT64):
+        bits = _FIXED_RANGES[kind.fmt]
+        return st.integers(-(2**bits), 2**bits - 1)
+    if kind is codec.STRING:
+        return st.text(max_size=10)
+    if kind is codec.NULLABLE_STRING:
+        return st.none() | st.text(max_size=10)
+    assert kind is codec.BYTES, kind
+    return st.none() | st.binary(max_size=10)
+
+
+class _Saboteur(codec.FieldType):
+    """Writes damaged bytes where a field of the schema goes; counts how often it did."""
+
+    def __init__(self, damage: str, original: codec.FieldType) -> None:
+        self.damage, self.original, self.written = damage, original, 0
+
+    def encode(self, w: codec.Writer, value: Any, flexible: bool) -> None:
+        self.written += 1
+        if self.damage == "null in a non-nullable string":
+            codec.NULLABLE_STRING.encode(w, None, flexible)
+        elif self.damage == "invalid UTF-8":  # a string's length, then bytes no UTF-8
+            codec._length(w, 3, flexible, ">h")
+            w.raw(b"ok\xff")
+        elif self.damage == "array longer than the body":
+            if flexible:
+                w.uvarint(2**31)
+            else:
+                w.raw(struct.pack(">i", 2**31 - 1))
+        elif self.damage == "varint of more than 64 bits":
+            w.raw(b"\xff" * 10)
+        else:
+            assert self.damage == "tagged fields", self.damage
+            assert isinstance(self.original, codec.Struct)
+            for name, kind in self.original.fields:
+                kind.encode(w, value[name], flexible)
+            w.uvarint(2)  # two tags this reader does not know (KIP-482: skipped)
+            for tag, data in ((0, b"\x01\x02"), (7, b"")):
+                w.uvarint(tag)
+                w.uvarint(len(data))
+                w.raw(data)
+
+
+def _fields(schema: codec.Schema, prefix: tuple[str, ...] = ()) -> list[Any]:
+    """(path, kind) of every field, nested ones included (through arrays' items)."""
+    out: list[Any] = []
+    for name, kind in schema:
+        out.append(((*prefix, name), kind))
+        inner = kind.item if isinstance(kind, codec.Array) else kind
+        if isinstance(inner, codec.Struct):
+            out += _fields(inner.fields, (*prefix, name))
+    return out
+
+
+def _replaced(schema: codec.Schema, path: tuple[str, ...], new: codec.FieldType) -> codec.Schema:
+    out = []
+    for name, kind in schema:
+        changed = kind
+        if name == path[0]:
+            if len(path) == 1:
+                changed = new
+            elif isinstance(kind, codec.Array):
+                assert isinstance(kind.item, codec.Struct)
+                changed = codec.Array(codec.Struct(_replaced(kind.item.fields, path[1:], new)))
+            else:
+                assert isinstance(kind, codec.Struct)
+                changed = codec.Struct(_replaced(kind.fields, path[1:], new))
+        out.append((name, changed))
+    return tuple(out)
+
+
+def _can_damage(damage: str, kind: codec.FieldType, flexible: bool) -> bool:
+    if damage == "null in a non-nullable string":
+        return kind is codec.STRING
+    if damage == "invalid UTF-8":
+        return kind in (codec.STRING, codec.NULLABLE_STRING)
+    if damage == "array longer than the body":
+        return isinstance(kind, codec.Array)
+    if damage == "varint of more than 64 bits":  # a compact length (KIP-482)
+        return flexible and isinstance(kind, (codec.Array, codec._String))
+    return flexible and isinstance(kind, codec.Array) and isinstance(kind.item, codec.Struct)
+
+
+_DAMAGES = [
+    "none",
+    "truncated",
+    "bytes left over",
+    "null in a non-nullable string",
+    "invalid UTF-8",
+    "array longer than the body",
+    "varint of more than 64 bits",
+    "tagged fields",
+    "random bytes spliced in",
+]
+
+
+@dataclass
+class _Body:
+    api: Api
+    version: int
+    damage: str
+    data: bytes
+    value: dict[str, Any]
+    expected: str | None  # the branch; None: a random splice, any outcome but a crash
+
+    @property
+    def flexible(self) -> bool:
+        return self.api.flexible(self.version)
+
+
+@st.composite
+def bodies(draw: st.DrawFn, damages: st.SearchStrategy[str] | None = None) -> _Body:
+    api, version = draw(st.sampled_from(_RESPONSES))
+    schema, flexible = api.responses[version], api.flexible(version)
+    damage = draw(damages if damages is not None else st.sampled_from(_DAMAGES))
+    value = draw(_values(codec.Struct(schema)))
+    data = codec.encode(schema, value, flexible)
+    body = _Body(api, version, damage, data, value, "valid" if damage == "none" else damage)
+    if damage == "truncated":
+        body.data = data[: draw(st.integers(0, len(data) - 1))]
+    elif damage == "bytes left over":
+        body.data = data + draw(st.binary(min_size=1, max_size=5))
+    elif damage == "random bytes spliced in":
+        at = draw(st.integers(0, len(data)))
+        body.data, body.expected = data[:at] + draw(st.binary(max_size=8)) + data[at:], None
+    elif damage != "none":
+        candidates = [
+            (path, kind) for path, kind in _fields(schema) if _can_damage(damage, kind, flexible)
+        ]
+        if damage == "tagged fields" and flexible:  # the top-level struct too
+            candidates.append(((), codec.Struct(schema)))
+        if not candidates:  # this body has no such field: left undamaged
+            body.damage, body.expected = "none", "valid"
+            return body
+        path, kind = draw(st.sampled_from(candidates))
+        if damage == "tagged fields" and path:  # in each item of an array of structs
+            saboteur = _Saboteur(damage, kind.item)
+            replacement: codec.FieldType = codec.Array(saboteur)
+        else:
+            saboteur = replacement = _Saboteur(damage, kind)
+        if path:
+            body.data = codec.encode(_replaced(schema, path, replacement), value, flexible)
+        else:  # the top-level struct's tagged fields close the body
+            w = codec.Writer()
+            saboteur.encode(w, value, flexible)
+            body.data = w.getvalue()
+        if not saboteur.written:  # the field is in an array this value left empty or null
+            body.damage, body.expected = "none", "valid"
+        elif damage == "tagged fields":
+            body.expected = "valid"
+    return body
+
+
+def _check_body(body: _Body) -> str:
+    """Decode one body; assert the outcome it must have; return its branch."""
+    try:
+        decoded = codec.decode(body.api.responses[body.version], body.data, body.flexible)
+    except codec.DecodeError as exc:
+        reached = [n for n, pattern in _DECODE_REFUSALS.items() if re.match(pattern, str(exc))]
+        assert len(reached) == 1, f"{exc} matches {reached}"
+        branch = reached[0]
+    except UnicodeDecodeError:
+        branch = "invalid UTF-8"
+    else:
+        branch = "valid"
+        if body.damage in ("none", "tagged fields"):
+            assert decoded == body.value
+    if body.expected is not None:
+        # A body cut inside an array's count may read as a count too large for the rest.
+        allowed = {body.expected}
+        if body.expected == "truncated":
+            allowed.add("array longer than the body")
+        assert branch in allowed, f"{body.api.name} v{body.version} {body.damage}: {branch}"
+    return branch
+
+
+@given(bodies())
+def test_decoding_a_damaged_body_raises_only_decode_errors(body: _Body):
+    event(_check_body(body))
+    event(f"damage: {body.damage}")
+
+
+def test_decoding_fuzz_reaches_every_branch():
+    counts = reached_branches(bodies(), _check_body, examples=200)
+    for damage in _DAMAGES:
+        counts += reached_branches(bodies(st.just(damage)), _check_body, examples=30)
+    assert_every_branch(counts, CODEC_BRANCHES)
+    assert counts["valid"] >= 50, counts
 
 
 @given(st.integers(min_value=0, max_value=2**63 - 1))

@@ -65,6 +65,19 @@ def broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
         started.stop()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that talks to the broker is a conformance test (``pytest -m
+    conformance``, issue 14): it must pass unchanged on Apache Kafka named by
+    KAFKA_BOOTSTRAP_SERVERS. A test talks to the broker when it asks for the ``broker``
+    fixture, directly or through another fixture (``topic``, ``producer_config``, ...);
+    it also gets the ``broker`` marker if its module did not set it."""
+    for item in items:
+        if "broker" in getattr(item, "fixturenames", ()):
+            for name in ("broker", "conformance"):
+                if item.get_closest_marker(name) is None:
+                    item.add_marker(name)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     described = _OUTCOME[0] if _OUTCOME else "not started (no test needed one)"
     terminalreporter.write_line(f"kafka broker: {described}")

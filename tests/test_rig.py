@@ -76,3 +76,18 @@ def test_the_run_names_the_broker_that_ran(broker: Broker) -> None:
     assert "not started yet (KAFKA_BOOTSTRAP_SERVERS, when the first test needs it)" in (
         result.stdout
     )
+
+
+def test_every_broker_facing_test_is_a_conformance_test() -> None:
+    """``pytest -m conformance`` selects exactly the tests that use the broker (issue 14):
+    a test asking for it through another fixture is selected, a pure one is not."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "conformance",
+         "tests/test_producer.py", "tests/test_state.py", "tests/test_kafka_fidelity.py"],
+        check=False, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
+    assert any(i.startswith("tests/test_producer.py::") for i in ids), ids  # via producer_config
+    assert any(i.startswith("tests/test_kafka_fidelity.py::") for i in ids), ids
+    assert not any(i.startswith("tests/test_state.py::") for i in ids), ids

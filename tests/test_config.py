@@ -185,7 +185,7 @@ def _valid_configs(draw: st.DrawFn) -> _ConfigCase:
         case.two_phase = draw(st.booleans())
         spellings = _TRUE_SPELLINGS if case.two_phase else _FALSE_SPELLINGS
         conf[TWO_PHASE_COMMIT_KEY] = draw(st.sampled_from(spellings))
-    for key in draw(st.sets(st.sampled_from(config_module._CALLBACK_KEYS))):
+    for key in sorted(draw(st.sets(st.sampled_from(config_module._CALLBACK_KEYS)))):
         conf[key] = draw(st.sampled_from([print, _upper, lambda *a: None, _ReadOnlyConfig]))
     return case
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from kafka_txn import PreparedTxnState, recovery
@@ -21,6 +21,7 @@ from kafka_txn.recovery import (
     commit_confirmed,
     decide,
 )
+from tests.fuzzing import assert_every_branch, reached_branches
 
 ROOT = Path(__file__).resolve().parent.parent
 P, E, S = 4001, 7, 1_732_212_345_678
@@ -143,10 +144,14 @@ GRID = [
 
 
 def _near(value: int) -> st.SearchStrategy[int]:
-    """The stored value, its neighbours, or anything: the boundaries get hit often."""
-    return st.one_of(
-        st.sampled_from([value - 1, value, value + 1, value + 2]),
-        st.integers(min_value=-1, max_value=value * 2 + 2),
+    """The stored value (most often), its neighbours, or anything: every row's boundary
+    gets hit often."""
+    return st.sampled_from([0, 0, 1, 1, -1, 2, 3, None]).flatmap(
+        lambda step: (
+            st.integers(min_value=-1, max_value=value * 2 + 2)
+            if step is None
+            else st.just(value + step)
+        )
     )
 
 
@@ -160,19 +165,38 @@ def answers(draw: st.DrawFn) -> tuple[PreparedTxnState, TransactionDescription]:
     )
     described = TransactionDescription(
         "t",
-        draw(st.sampled_from(STATE_NAMES)),
-        draw(st.one_of(st.just(-1), st.just(pid), _near(pid))),
+        draw(
+            st.sampled_from(
+                [*STATE_NAMES, *sorted(COMMIT_STATES), *sorted(ABORT_STATES), "Ongoing"]
+            )
+        ),
+        draw(st.sampled_from([pid, pid, pid, pid, pid, -1, pid + 1, pid - 1])),
         draw(_near(epoch)),
         60_000,
-        draw(_near(start)),
+        draw(_near(start) | st.just(-1)),
     )
     return stored, described
+
+
+def _row(case: tuple[PreparedTxnState, TransactionDescription]) -> str:
+    decision = decide(*case)
+    return f"row {decision.row:2d}: {decision.verdict.name}"
 
 
 def _everywhere(check: Callable[[PreparedTxnState, TransactionDescription], None]) -> None:
     for case in GRID:
         check(*case)
-    given(answers())(lambda case: check(*case))()
+
+    def fuzzed(case: tuple[PreparedTxnState, TransactionDescription]) -> None:
+        event(_row(case))  # which row of the table each example reached
+        check(*case)
+
+    given(answers())(fuzzed)()
+
+
+def test_the_fuzzed_answers_reach_every_row():
+    counts = reached_branches(answers(), _row, examples=1500)
+    assert_every_branch(counts, {f"row {r.row:2d}: {r.verdict.name}" for r in RULES})
 
 
 def _same_transaction(stored: PreparedTxnState, described: TransactionDescription) -> bool:

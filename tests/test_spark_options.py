@@ -189,9 +189,11 @@ def _valid_sinks(draw: st.DrawFn) -> _SinkCase:
         "dbtable": expected["dbtable"],
         "transactionalIdPrefix": prefix,
     }
-    for name in draw(st.sets(st.sampled_from(["linger.ms", "client.id", "compression.type"]))):
+    for name in sorted(
+        draw(st.sets(st.sampled_from(["linger.ms", "client.id", "compression.type"])))
+    ):
         options[f"kafka.{name}"] = expected["kafka"][name] = draw(st.text(max_size=5))
-    for name in draw(st.sets(st.sampled_from(sorted(_OPTIONAL)))):
+    for name in sorted(draw(st.sets(st.sampled_from(sorted(_OPTIONAL))))):
         field_name, values = _OPTIONAL[name]
         options[name], expected[field_name] = draw(values)
     case = _SinkCase({_cased(draw, name): value for name, value in options.items()})

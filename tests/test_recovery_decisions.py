@@ -3,16 +3,23 @@ row, its boundaries, and properties over arbitrary coordinator answers. No broke
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from kafka_txn import PreparedTxnState, recovery
-from kafka_txn.coordinator import TransactionDescription
+from kafka_txn import (
+    PreparedTxnState,
+    TransactionDivergedError,
+    TransactionOutcomeUnknowableError,
+    recovery,
+)
+from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient, TransactionDescription
 from kafka_txn.recovery import (
     ABORT_STATES,
     COMMIT_STATES,
@@ -271,3 +278,113 @@ def test_a_commit_is_confirmed_only_by_the_stored_transaction_committed(after, c
 def test_the_state_groups_are_disjoint():
     assert not COMMIT_STATES & ABORT_STATES
     assert "Ongoing" not in COMMIT_STATES | ABORT_STATES
+
+
+# ---------------------------------------------------------------- outcomes, errors, logs
+# Found by mutation testing (make mutants): the decision table was pinned down, what
+# recovery says and logs about each verdict was not. The fix each error tells the
+# operator, the fields it carries, and the structured log fields (docs/operations.md).
+_TID = "orders-0"
+_DIVERGED_FIX = (
+    "Nothing of it was committed and none of its records are visible to read_committed "
+    "consumers: re-send them from the database, store state.mark_completed() in place of "
+    "the stored state (DualWriter.resolve()), and fix the cause (a transaction.timeout.ms "
+    "shorter than crash, restart and recovery take, or two instances sharing the "
+    "transactional id)"
+)
+_UNKNOWABLE_FIX = (
+    "Do not re-send its records blindly (that may duplicate them) nor drop them (that may "
+    "lose them): check with a read_committed consumer which of them are in the topic, "
+    "re-send only those that are missing, then store state.mark_completed() in place of "
+    "the stored state (DualWriter.resolve()) so that recovery can go on"
+)
+
+
+def _logged(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str, str, str]]:
+    return [
+        (
+            r.levelno,
+            r.getMessage(),
+            getattr(r, "transactional_id", None),
+            getattr(r, "outcome", None),
+        )
+        for r in caplog.records
+        if r.name == "kafka_txn.recovery"
+    ]
+
+
+def test_already_committed_is_logged_with_its_fields(caplog: pytest.LogCaptureFixture):
+    observed = seen("CompleteCommit")
+    decision = decide(STORED, observed)
+    with caplog.at_level(logging.INFO, logger="kafka_txn.recovery"):
+        outcome = recovery._settle(_TID, STORED, observed, decision)
+    assert outcome is recovery.TransactionOutcome.ALREADY_COMMITTED
+    assert _logged(caplog) == [(
+        logging.INFO, f"recovery of {_TID!r}: {STORED} was committed ({decision.reason})",
+        _TID, "already_committed",
+    )]  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [None, KafkaError.PRODUCER_FENCED])
+def test_diverged_says_what_happened_and_the_fix(caplog: pytest.LogCaptureFixture, code):
+    observed = seen("CompleteAbort")
+    decision = decide(STORED, observed)
+    with (
+        caplog.at_level(logging.INFO, logger="kafka_txn.recovery"),
+        pytest.raises(TransactionDivergedError) as diverged,
+    ):
+        recovery._settle(_TID, STORED, observed, decision, code)
+    exc = diverged.value
+    assert str(exc) == (
+        f"Kafka aborted the transaction of {_TID!r} that the database committed: "
+        f"{decision.reason}. Stored: {STORED}; coordinator: state CompleteAbort, producer id "
+        f"{P}, epoch {E}, started at {S} ms. {_DIVERGED_FIX}"
+    )
+    assert (exc.transactional_id, exc.stored_state, exc.observed) == (
+        _TID, str(STORED), observed.as_dict())  # fmt: skip
+    # The error code EndTxn(commit) was refused with, else INVALID_TXN_STATE (errors.py).
+    assert exc.code == (KafkaError.INVALID_TXN_STATE if code is None else code)
+    assert _logged(caplog) == [(logging.WARNING, f"recovery of {_TID!r}: {exc}", _TID, "diverged")]
+
+
+def test_unknowable_says_recovery_committed_nothing_and_the_fix(caplog: pytest.LogCaptureFixture):
+    decision = decide(STORED, NOT_FOUND)
+    with (
+        caplog.at_level(logging.INFO, logger="kafka_txn.recovery"),
+        pytest.raises(TransactionOutcomeUnknowableError) as unknowable,
+    ):
+        recovery._settle(_TID, STORED, NOT_FOUND, decision)
+    exc = unknowable.value
+    assert str(exc) == (
+        f"the outcome in Kafka of the transaction of {_TID!r} that the database committed "
+        f"cannot be known: {decision.reason}. Stored: {STORED}; coordinator: transactional "
+        f"id not found. Recovery committed nothing. {_UNKNOWABLE_FIX}"
+    )
+    assert (exc.transactional_id, exc.stored_state, exc.observed) == (
+        _TID, str(STORED), NOT_FOUND.as_dict())  # fmt: skip
+    assert _logged(caplog) == [
+        (logging.WARNING, f"recovery of {_TID!r}: {exc}", _TID, "unknowable")
+    ]
+
+
+def test_unknowable_after_a_commit_does_not_say_nothing_was_committed():
+    # recover()'s zombie case: EndTxn(commit) was sent, so something may have committed.
+    exc = recovery._unknowable(_TID, STORED, seen("Ongoing"), "why", committed_nothing=False)
+    assert "committed nothing" not in str(exc)
+    assert f"started at {S} ms. {_UNKNOWABLE_FIX}" in str(exc)
+
+
+@pytest.mark.parametrize("stored", [PreparedTxnState.EMPTY, STORED.mark_completed()],
+                         ids=["empty", "completed"])  # fmt: skip
+def test_nothing_to_commit_is_logged_without_asking_the_coordinator(
+    caplog: pytest.LogCaptureFixture, stored: PreparedTxnState
+):
+    # A real client, never connected: the stored state alone settles it.
+    client = CoordinatorClient(ConnectionSettings(bootstrap=(("127.0.0.1", 1),)), _TID)
+    with caplog.at_level(logging.INFO, logger="kafka_txn.recovery"):
+        outcome = recovery.recover(client, stored, None)
+    assert outcome is recovery.TransactionOutcome.NOTHING_TO_COMMIT
+    assert _logged(caplog) == [(
+        logging.INFO, f"recovery of {_TID!r}: stored state {str(stored)!r} needs no commit",
+        _TID, "nothing_to_commit",
+    )]  # fmt: skip

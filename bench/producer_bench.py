@@ -21,6 +21,7 @@ that delivered records leave no Python object behind.
 no network: the producing thread's own cost, with no broker sharing the machine's cores).
 
     python bench/producer_bench.py [--delay-ms 0] [--repeat 5] [--scale 1.0] [--mock]
+        [--only 1000/txn] [--no-memory]
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def _report(results: dict[str, list[Result]]) -> None:
         line = f"{name:<18}{statistics.median(rates):>13,.0f}"
         line += f"{f'{min(rates):,.0f}..{max(rates):,.0f}':>21}"
         rate_ratio = cpu_ratio = ""
-        if not name.startswith("raw"):
+        if not name.startswith("raw") and base in results:
             med, lo, hi = _ratios(results, name, base, 0)
             rate_ratio = f"{med:.2f}x ({lo:.2f}..{hi:.2f})"
             med, lo, hi = _ratios(results, name, base, 1)
@@ -233,16 +234,17 @@ def _run_rounds(
 
 
 def _scenarios(
-    bootstrap: str, fresh: Callable[[], str], scale: float
+    bootstrap: str, fresh: Callable[[], str], scale: float, only: str
 ) -> dict[str, Callable[[], Result]]:
     big, small = int(200_000 * scale), int(20_000 * scale)
-    return {
+    every: dict[str, Callable[[], Result]] = {
         "raw 1000/txn": lambda: _raw(bootstrap, fresh(), big, 1000),
         "produce 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, futures=False),
         "send 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, futures=True),
         "raw 10/txn": lambda: _raw(bootstrap, fresh(), small, 10),
         "produce 10/txn": lambda: _ours(bootstrap, fresh(), small, 10, futures=False),
     }
+    return {name: run for name, run in every.items() if only in name}
 
 
 def _memory_report(bootstrap: str, fresh: Callable[[], str], scale: float) -> None:
@@ -279,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mock", action="store_true", help="librdkafka's mock cluster instead of a broker"
     )
+    parser.add_argument(
+        "--only", default="", help="run the scenarios whose name contains this (e.g. 1000/txn)"
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory figures")
     add_delay_argument(parser)
     args = parser.parse_args(argv)
 
@@ -295,9 +301,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"{environment()}; librdkafka mock cluster")
         try:
-            scenarios = _scenarios(mock.bootstrap_servers, mock_topic, args.scale)
+            scenarios = _scenarios(mock.bootstrap_servers, mock_topic, args.scale, args.only)
             _report(_run_rounds(scenarios, args.repeat, settle=0.0))
-            _memory_report(mock.bootstrap_servers, mock_topic, args.scale)
+            if not args.no_memory:
+                _memory_report(mock.bootstrap_servers, mock_topic, args.scale)
         finally:
             mock.close()
         return 0
@@ -311,9 +318,10 @@ def main(argv: list[str] | None = None) -> int:
             def fresh() -> str:  # a new topic per run: a growing log must favour no run
                 return broker.create_topic(partitions=3, prefix="bench")
 
-            scenarios = _scenarios(net.bootstrap_servers, fresh, args.scale)
+            scenarios = _scenarios(net.bootstrap_servers, fresh, args.scale, args.only)
             _report(_run_rounds(scenarios, args.repeat, settle=SETTLE_S))
-            _memory_report(net.bootstrap_servers, fresh, args.scale)
+            if not args.no_memory:
+                _memory_report(net.bootstrap_servers, fresh, args.scale)
     finally:
         broker.stop()
     return 0

@@ -14,7 +14,10 @@ The master and the workers are ``spark-class`` JVMs started here, in this proces
 process group, and stopped here; the test kills the group whatever happens. The hook
 (below) pauses partition 0 of batch 1 on its first attempt after its database commit,
 until the speculative copy has taken the partition's transactional id over, then the
-Python worker SIGKILLs itself. Spark's event log (in --work-dir) records every attempt.
+Python worker SIGKILLs itself. Until that pause, the first attempts of batch 1's other
+partitions hold on after their Kafka commit: no task of the stage finishes, so none is
+speculatable, before partition 0 is paused (see ``KillAfterCommitOnceSpeculated``).
+Spark's event log (in --work-dir) records every attempt.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ PARTITIONS = 4
 HOSTS = ("127.0.0.1", "127.0.0.2")
 TAKEOVER_WAIT = 60.0
 """How long the paused attempt waits for another attempt to take its id over."""
+PAUSE_WAIT = 120.0
+"""How long batch 1's other partitions hold on, at most, for partition 0's pause."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,30 @@ class KillAfterCommitOnceSpeculated(_Hook):
     writer's start() has recovered the prepared transaction and fenced this one), at most
     TAKEOVER_WAIT seconds, then SIGKILL this Python worker. Marker files: ``paused``,
     ``taken-over`` (the owner changed in time), ``killed``. Defined in the script, so
-    cloudpickle ships it by value."""
+    cloudpickle ships it by value.
+
+    The other partitions' first attempts of batch 1 hold on after their Kafka commit
+    until ``paused`` exists (at most PAUSE_WAIT seconds; giving up leaves a
+    ``gave-up-<partition>`` marker, which fails the test). Speculation needs half the
+    stage's tasks finished (quantile 0.5 of four), so no copy of partition 0 can start
+    (and commit the partition ahead of its first attempt) before that attempt is paused:
+    a slow first attempt (a loaded machine) no longer loses the race. No
+    deadlock with two one-core executors: Spark launches a stage's pending tasks lowest
+    index first (``TaskSetManager.addPendingTasks`` queues them in reverse and
+    ``dequeueTaskFromList`` takes from the end, in every locality list), so partition
+    0's first attempt holds one of the two cores from the first offer on; the tasks that
+    hold on can only take the other one. Once paused, they finish, the fourth runs, and
+    partition 0, the only one still running and longer than the median, gets its copy on
+    the other host."""
 
     url: str = ""
     prefix: str = ""
     state_table: str = "kafka_transaction_state"
 
     def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
+        if (batch_id, attempt, step) == (1, 0, "after_kafka_commit") and partition != 0:
+            self._hold_until_paused(partition)
+            return
         hit = (batch_id, partition, attempt, step) == (1, 0, 0, "after_db_commit")
         if not (hit and self.once("paused")):
             return
@@ -79,6 +101,15 @@ class KillAfterCommitOnceSpeculated(_Hook):
             engine.dispose()
         self.once("killed")
         os.kill(os.getpid(), signal.SIGKILL)  # a task killed after its database commit
+
+    def _hold_until_paused(self, partition: int) -> None:
+        paused = Path(self.folder) / "paused"
+        deadline = time.monotonic() + PAUSE_WAIT
+        while not paused.exists():
+            if time.monotonic() >= deadline:
+                self.once(f"gave-up-{partition}")  # the test's marker check names it
+                return
+            time.sleep(0.05)
 
 
 def _free_port(host: str) -> int:

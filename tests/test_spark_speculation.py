@@ -13,8 +13,12 @@ quantile 0.5, multiplier 1.0, minTaskRuntime 100 ms, no processing-rate check).
 
 What it exercises: four micro-batches of four partitions. In batch 1, partition 0's first
 attempt commits its database transaction (rows, marker, prepared Kafka state) and
-pauses, its Kafka transaction prepared and its producer alive. Spark marks it
-speculatable and launches a copy on the other host (asserted from the event log: a
+pauses, its Kafka transaction prepared and its producer alive. Until it pauses, the
+other partitions' first attempts hold on after their Kafka commit, so that no task has
+finished and no copy can start before the pause, however slow the first attempt is (on a
+loaded machine, a copy started earlier committed the partition first and the first
+attempt found the marker). Then they finish, and Spark marks partition 0 speculatable
+and launches a copy on the other host (asserted from the event log: a
 ``SparkListenerTaskStart`` with ``"Speculative": true`` for that task, on the other
 host, and that copy's success). The copy's writer recovers the prepared transaction (it
 commits it in Kafka, the database having committed it) and takes the transactional id

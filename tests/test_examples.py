@@ -36,6 +36,22 @@ def _seed(broker, topic: str, values: list[bytes]) -> None:
                 p.produce(topic, v, key=b"%d" % i)
 
 
+def _seed_mock(cluster, values: list[bytes]) -> None:
+    """Write ``values`` to the mock cluster's topic "in" with a plain confluent-kafka
+    producer that is gone when this returns. Not a local of the test: the test's frame
+    can outlive the test (on CPython 3.11 confluent-kafka pins an exception being handled
+    when one of its calls raises inside the ``except`` block, with its traceback and the
+    frames above it), and a producer it held, without a logger, would print "Connect to
+    ... failed: Connection refused" to stderr for the rest of the run, once the mock
+    cluster stops."""
+    from confluent_kafka import Producer
+
+    seed = Producer({"bootstrap.servers": cluster.bootstrap_servers})
+    for value in values:
+        seed.produce("in", value)
+    assert seed.flush(30) == 0
+
+
 def _args(broker, source, sink, group, *extra: str):
     return example.parse_args(
         [
@@ -103,16 +119,13 @@ def test_consume_process_produce_aborts_before_it_rewinds(mock_cluster, monkeypa
     offset fetch: the mock cluster answers OffsetFetch with UNSTABLE_OFFSET_COMMIT (what
     Apache Kafka answers while the transaction's offsets are pending) from the failure
     until the abort. Every record is then processed, the failed batch twice."""
-    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka import KafkaError
 
     from kafka_txn.testing import ApiKey
 
     for name in ("in", "out"):
         mock_cluster.create_topic(name, partitions=1)
-    seed = Producer({"bootstrap.servers": mock_cluster.bootstrap_servers})
-    for i in range(5):
-        seed.produce("in", b"v%d" % i)
-    assert seed.flush(30) == 0
+    _seed_mock(mock_cluster, [b"v%d" % i for i in range(5)])
     processed: list[bytes] = []
     events: list[str] = []
 
@@ -155,16 +168,13 @@ def test_consume_process_produce_commits_again_when_the_outcome_is_unknown(
 ):
     """A commit that runs out of time with retriable errors (outcome unknown) is called
     again, not aborted: the example commits its batch once and never aborts."""
-    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka import KafkaError
 
     from kafka_txn.testing import ApiKey
 
     for name in ("in", "out"):
         mock_cluster.create_topic(name, partitions=1)
-    seed = Producer({"bootstrap.servers": mock_cluster.bootstrap_servers})
-    for i in range(3):
-        seed.produce("in", b"v%d" % i)
-    assert seed.flush(30) == 0
+    _seed_mock(mock_cluster, [b"v%d" % i for i in range(3)])
     calls: list[str] = []
 
     def producer_with_a_slow_first_commit(args):
@@ -408,16 +418,13 @@ def test_consume_process_produce_aborts_then_retries_a_failed_commit(mock_cluste
     the batch again and commits it: commit, abort, commit. (The mock cluster: a real
     broker refuses no EndTxn on demand; the exactly-once checks on a real broker are the
     cases around this one.)"""
-    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka import KafkaError
 
     from kafka_txn.testing import ApiKey
 
     for name in ("in", "out"):
         mock_cluster.create_topic(name, partitions=1)
-    seed = Producer({"bootstrap.servers": mock_cluster.bootstrap_servers})
-    for i in range(3):
-        seed.produce("in", b"v%d" % i)
-    assert seed.flush(30) == 0
+    _seed_mock(mock_cluster, [b"v%d" % i for i in range(3)])
     calls: list[str] = []
     processed: list[bytes] = []
 
@@ -508,16 +515,14 @@ def test_a_fatal_consumer_error_stops_the_loop(mock_cluster, monkeypatch, loop):
     error of code _FATAL whose fatal() flag confluent-kafka leaves False. The example and
     ExactlyOnceProcessor (same failure table) stop with FatalError saying so, instead of
     logging it and polling on until their idle timeout."""
-    from confluent_kafka import Consumer, KafkaError, Producer
+    from confluent_kafka import Consumer, KafkaError
 
     from kafka_txn.eos import ExactlyOnceProcessor
 
     heartbeat = 12  # Kafka protocol API key
     for name in ("in", "out"):
         mock_cluster.create_topic(name, partitions=1)
-    seed = Producer({"bootstrap.servers": mock_cluster.bootstrap_servers})
-    seed.produce("in", b"v0")
-    assert seed.flush(30) == 0
+    _seed_mock(mock_cluster, [b"v0"])
     static = {"group.instance.id": "member-1", "heartbeat.interval.ms": 100}
 
     def process(msg):  # from the next heartbeat on, this member is fenced

@@ -59,6 +59,24 @@ def _table() -> Table:
     )
 
 
+PRODUCE_FIRST = [False]
+"""--produce-first: the body sends its records before its INSERT (else after)."""
+
+
+def _write(
+    conn: Any, produce: Callable[..., Any], table: Table, topic: str, values: list[dict[str, str]]
+) -> None:
+    """The body of one transaction, naive and DualWriter alike: the INSERT of ``values``
+    and one record each, in the order --produce-first says."""
+    if PRODUCE_FIRST[0]:
+        for row in values:
+            produce(topic, row["value"].encode())
+    conn.execute(insert(table), values)
+    if not PRODUCE_FIRST[0]:
+        for row in values:
+            produce(topic, row["value"].encode())
+
+
 def _threads(writers: int, body: Callable[[int], None]) -> float:
     """Run ``body(i)`` in ``writers`` threads at once; the seconds they took together."""
     barrier = threading.Barrier(writers + 1)
@@ -105,9 +123,7 @@ def _naive(broker: Broker, net: Network, count: int, rows: int, writers: int) ->
         for _ in range(count):
             producer.begin_transaction()
             with engine.begin() as conn:
-                conn.execute(insert(table), values)
-                for row in values:
-                    producer.produce(topic, row["value"].encode())
+                _write(conn, producer.produce, table, topic, values)
             producer.commit_transaction()  # not atomic with the database commit above
 
     for producer in producers:  # warm-up: connections, metadata
@@ -180,9 +196,7 @@ def _dual(
         for _ in range(count):
             steps.start()
             with writer.transaction() as tx:
-                tx.connection.execute(insert(table), values)
-                for row in values:
-                    tx.produce(topic, row["value"].encode())
+                _write(tx.connection, tx.produce, table, topic, values)
 
     steps.on = True
     elapsed = _threads(writers, body)
@@ -243,13 +257,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rows", type=int, nargs="+", default=[10])
     parser.add_argument("--writers", type=int, nargs="+", default=[1])
+    parser.add_argument(
+        "--produce-first", action="store_true",
+        help="send the records before the INSERT (librdkafka then registers the "
+        "partitions while the INSERT runs)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    PRODUCE_FIRST[0] = args.produce_first
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
     broker = start_broker()
     try:
         with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
             print(f"broker: {broker.description}")
             print(environment(net, _database_version(jdbc)))
+            print(
+                "body: records sent "
+                + ("before" if args.produce_first else "after")
+                + " the INSERT"
+            )
             results = [
                 _measure(broker, net, args, rows, writers)
                 for writers in args.writers

@@ -7,8 +7,13 @@ table, in the same run, same broker and PostgreSQL, local[2]:
   sink (its writers are kept across batches), median per-batch time after a first
   batch that warms up (target <= 1.5x naive).
 
-    python bench/spark_sink_bench.py [--rows 1000000] [--partitions 4] [--repeat 2]
-                                     [--batches 10]
+    python bench/spark_sink_bench.py [--delay-ms 0] [--rows 1000000] [--partitions 4]
+                                     [--repeat 2] [--batches 10]
+    python bench/spark_sink_bench.py --scale [--delay-ms 0] [--batches 5]
+
+Both the naive writer and the sink go through the same delay proxies (``--delay-ms``).
+``--scale`` measures micro-batch latency for 1, 10, 100 and 1,000 rows per partition and
+1, 4 and 16 partitions (transactional ids) per batch.
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ sys.path.insert(0, str(ROOT))
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402, N812
 
+from bench._common import (  # noqa: E402
+    Network,
+    add_delay_argument,
+    behind_delay,
+    environment,
+)
 from kafka_txn.spark import KafkaJdbcSink  # noqa: E402
 from tests.databases import POSTGRES_JDBC, ensure_running  # noqa: E402
 from tests.rig import start_broker  # noqa: E402
@@ -74,10 +85,16 @@ class NaivePartitionWriter:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_delay_argument(parser)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument(
+        "--scale", action="store_true",
+        help="only micro-batch latency, for 1/10/100/1000 rows per partition and "
+        "1/4/16 partitions (transactional ids) per batch",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -93,48 +110,63 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        print(f"broker: {broker.description}; database: {jdbc}; rows: {args.rows:,}")
-        df = (
-            spark.range(args.rows, numPartitions=args.partitions)
-            .select(
-                F.col("id").cast("string").cast("binary").alias("key"),
-                F.concat(F.lit("value-"), F.col("id").cast("string")).alias("value"),
-            )
-            .cache()
-        )
-        df.count()
-        naive: list[float] = []
-        sink_rates: list[float] = []
-        for _ in range(args.repeat):  # interleaved
-            topic = broker.create_topic(3)
-            table = f"naive_{uuid.uuid4().hex[:8]}"
-            _create_table(jdbc, table, df)
-            start = time.perf_counter()
-            df.foreachPartition(NaivePartitionWriter(broker.bootstrap_servers, topic, jdbc, table))
-            naive.append(args.rows / (time.perf_counter() - start))
-
-            sink = KafkaJdbcSink(
-                transactional_id_prefix=f"bench-{uuid.uuid4().hex[:8]}",
-                kafka={"bootstrap.servers": broker.bootstrap_servers},
-                topic=broker.create_topic(3),
-                url=jdbc,
-                dbtable=f"sink_{uuid.uuid4().hex[:8]}",
-            )
-            start = time.perf_counter()
-            sink.write(df, batch_id=0)
-            sink_rates.append(args.rows / (time.perf_counter() - start))
-        n, s = statistics.median(naive), statistics.median(sink_rates)
-        print(f"\n{'1M rows, local[2]':<40}{'median rows/s':>14}{'runs':>26}")
-        print(f"{'naive foreachPartition (not atomic)':<40}{n:>14,.0f}"
-              f"{[round(x) for x in naive]!s:>26}")  # fmt: skip
-        print(f"{'KafkaJdbcSink (exactly once)':<40}{s:>14,.0f}"
-              f"{[round(x) for x in sink_rates]!s:>26}")  # fmt: skip
-        print(f"\nratio: {s / n:.2f}x (target >= 0.9)")
-        _micro_batches(spark, broker, jdbc, args.batches)
+        with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
+            print(f"broker: {broker.description}")
+            print(environment(net, f"pyspark {spark.version}, local[2]"))
+            if args.scale:
+                _scale(spark, broker, net, args.batches)
+            else:
+                _throughput(spark, broker, net, args)
+                _micro_batches(spark, broker, net, args.batches, 1000, 8)
     finally:
         spark.stop()
         broker.stop()
     return 0
+
+
+def _throughput(spark: Any, broker: Any, net: Network, args: argparse.Namespace) -> None:
+    """``--rows`` rows in ``--partitions`` partitions, one batch, naive and sink
+    interleaved ``--repeat`` times."""
+    assert net.jdbc is not None
+    print(f"rows: {args.rows:,}")
+    df = (
+        spark.range(args.rows, numPartitions=args.partitions)
+        .select(
+            F.col("id").cast("string").cast("binary").alias("key"),
+            F.concat(F.lit("value-"), F.col("id").cast("string")).alias("value"),
+        )
+        .cache()
+    )
+    df.count()
+    naive: list[float] = []
+    sink_rates: list[float] = []
+    for _ in range(args.repeat):  # interleaved
+        topic = broker.create_topic(3)
+        table = f"naive_{uuid.uuid4().hex[:8]}"
+        _create_table(net.jdbc, table, df)
+        start = time.perf_counter()
+        df.foreachPartition(NaivePartitionWriter(net.bootstrap_servers, topic, net.jdbc, table))
+        naive.append(args.rows / (time.perf_counter() - start))
+
+        sink = KafkaJdbcSink(
+            transactional_id_prefix=f"bench-{uuid.uuid4().hex[:8]}",
+            kafka={"bootstrap.servers": net.bootstrap_servers},
+            topic=broker.create_topic(3),
+            url=net.jdbc,
+            dbtable=f"sink_{uuid.uuid4().hex[:8]}",
+        )
+        start = time.perf_counter()
+        sink.write(df, batch_id=0)
+        sink_rates.append(args.rows / (time.perf_counter() - start))
+        sink.close()
+    n, s = statistics.median(naive), statistics.median(sink_rates)
+    label = f"{args.rows:,} rows, {args.partitions} partitions"
+    print(f"\n{label:<40}{'median rows/s':>14}{'runs':>26}")
+    print(f"{'naive foreachPartition (not atomic)':<40}{n:>14,.0f}"
+          f"{[round(x) for x in naive]!s:>26}")  # fmt: skip
+    print(f"{'KafkaJdbcSink (exactly once)':<40}{s:>14,.0f}"
+          f"{[round(x) for x in sink_rates]!s:>26}")  # fmt: skip
+    print(f"\nratio: {s / n:.2f}x (target >= 0.9)")
 
 
 def _create_table(jdbc: str, table: str, df: Any) -> None:
@@ -151,43 +183,87 @@ def _create_table(jdbc: str, table: str, df: Any) -> None:
         engine.dispose()
 
 
-def _micro_batches(spark: Any, broker: Any, jdbc: str, batches: int) -> None:
-    """Per-batch latency of 1,000-row batches over 8 partitions."""
+def _frames(spark: Any, count: int, rows: int, partitions: int) -> list[Any]:
     frames = [
-        spark.range(i * 1000, (i + 1) * 1000, numPartitions=8)
+        spark.range(i * rows, (i + 1) * rows, numPartitions=partitions)
         .select(
             F.col("id").cast("string").cast("binary").alias("key"),
             F.concat(F.lit("value-"), F.col("id").cast("string")).alias("value"),
         )
         .cache()
-        for i in range(batches + 1)
+        for i in range(count)
     ]
     for frame in frames:
         frame.count()
+    return frames
+
+
+def _micro_batches(
+    spark: Any, broker: Any, net: Network, batches: int, rows: int, partitions: int,
+    quiet: bool = False,
+) -> tuple[list[float], list[float]]:  # fmt: skip
+    """Per-batch latency of ``rows``-row batches over ``partitions`` partitions, naive
+    and sink interleaved batch by batch on one sink (its writers kept across batches);
+    the first batch warms both up and is reported apart."""
+    assert net.jdbc is not None
+    frames = _frames(spark, batches + 1, rows, partitions)
     topic = broker.create_topic(3)
     table = f"naive_{uuid.uuid4().hex[:8]}"
-    _create_table(jdbc, table, frames[0])
+    _create_table(net.jdbc, table, frames[0])
     sink = KafkaJdbcSink(
         transactional_id_prefix=f"bench-small-{uuid.uuid4().hex[:8]}",
-        kafka={"bootstrap.servers": broker.bootstrap_servers},
+        kafka={"bootstrap.servers": net.bootstrap_servers},
         topic=broker.create_topic(3),
-        url=jdbc,
+        url=net.jdbc,
         dbtable=f"sink_{uuid.uuid4().hex[:8]}",
     )
     naive: list[float] = []
     timed: list[float] = []
+    writer = NaivePartitionWriter(net.bootstrap_servers, topic, net.jdbc, table)
     for batch_id, frame in enumerate(frames):  # interleaved; batch 0 warms up both
         start = time.perf_counter()
-        frame.foreachPartition(NaivePartitionWriter(broker.bootstrap_servers, topic, jdbc, table))
+        frame.foreachPartition(writer)
         naive.append(time.perf_counter() - start)
         start = time.perf_counter()
         sink.write(frame, batch_id=batch_id)
         timed.append(time.perf_counter() - start)
-    n, s = statistics.median(naive[1:]), statistics.median(timed[1:])
-    print(f"\n{'1,000 rows x 8 partitions per batch':<40}{'median ms/batch':>16}{'first':>8}")
-    print(f"{'naive foreachPartition (not atomic)':<40}{n * 1000:>16,.0f}{naive[0] * 1000:>8,.0f}")
-    print(f"{'KafkaJdbcSink (exactly once)':<40}{s * 1000:>16,.0f}{timed[0] * 1000:>8,.0f}")
-    print(f"\nratio: {s / n:.2f}x naive (target <= 1.5)")
+    sink.close()
+    for frame in frames:
+        frame.unpersist()
+    if not quiet:
+        n, s = statistics.median(naive[1:]), statistics.median(timed[1:])
+        label = f"{rows:,} rows x {partitions} partitions per batch"
+        print(f"\n{label:<40}{'median ms/batch':>16}{'min..max':>16}{'first':>8}")
+        for name, values in (
+            ("naive foreachPartition (not atomic)", naive),
+            ("KafkaJdbcSink (exactly once)", timed),
+        ):
+            rest = values[1:]
+            print(f"{name:<40}{statistics.median(rest) * 1000:>16,.0f}"
+                  f"{f'{min(rest) * 1000:,.0f}..{max(rest) * 1000:,.0f}':>16}"
+                  f"{values[0] * 1000:>8,.0f}")  # fmt: skip
+        print(f"\nratio: {s / n:.2f}x naive (target <= 1.5)")
+    return naive[1:], timed[1:]
+
+
+def _scale(spark: Any, broker: Any, net: Network, batches: int) -> None:
+    """Micro-batch latency against rows per partition and partitions per batch (each
+    partition is one transactional id, one dual-write transaction per batch)."""
+    print(
+        f"\n{'rows/partition':>14}{'partitions':>11}{'naive ms':>10}{'sink ms':>9}"
+        f"{'ratio':>7}{'sink ms per partition txn':>27}"
+    )
+    for partitions in (1, 4, 16):
+        for rows in (1, 10, 100, 1000):
+            naive, sink = _micro_batches(
+                spark, broker, net, batches, rows * partitions, partitions, quiet=True
+            )
+            n, s = statistics.median(naive), statistics.median(sink)
+            print(
+                f"{rows:>14,}{partitions:>11}{n * 1000:>10,.0f}{s * 1000:>9,.0f}"
+                f"{s / n:>7.2f}{s * 1000 / partitions:>27,.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

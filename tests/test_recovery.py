@@ -4,6 +4,7 @@ the database committed, each exactly once."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -154,10 +155,17 @@ def _recover(config: dict, state: PreparedTxnState) -> TransactionOutcome:
         p.close()
 
 
-def test_a_prepared_transaction_survives_close_and_is_recovered(broker, topic, producer_config):
+def test_a_prepared_transaction_survives_close_and_is_recovered(
+    broker, topic, producer_config, caplog
+):
     p, state = _prepared(producer_config, topic)
     p.close()  # a PREPARED transaction is not aborted by close()
-    assert _recover(producer_config, state) is TransactionOutcome.COMMITTED
+    with caplog.at_level(logging.INFO, logger="kafka_txn.recovery"):
+        assert _recover(producer_config, state) is TransactionOutcome.COMMITTED
+    tid = producer_config["transactional.id"]
+    logged = [(r.getMessage(), r.transactional_id, r.outcome) for r in caplog.records
+              if r.name == "kafka_txn.recovery"]  # fmt: skip
+    assert logged == [(f"recovery of {tid!r} committed {state}", tid, "committed")]
     assert broker.read_committed(topic, expected=1) == [(None, b"in-doubt")]
 
 
@@ -221,6 +229,9 @@ def test_end_txn_refusal_of_a_transaction_still_open_is_unknowable_and_never_loo
             _recover(conf, state)
         assert info.value.kafka_error.code() == code
         assert info.value.observed["state"] == "Ongoing"
+        assert "Recovery committed nothing." in str(info.value)
+        assert (info.value.transactional_id, info.value.stored_state) == (
+            producer_config["transactional.id"], str(state))  # fmt: skip
         assert sent == [1]  # one EndTxn, no loop
     assert broker.read_committed(topic, expected=0) == []  # nothing committed yet ...
     assert _recover(producer_config, state) is TransactionOutcome.COMMITTED  # ... nor aborted
@@ -382,6 +393,10 @@ def test_zombie_running_during_recovery_is_reported_not_hidden(broker, topic, pr
     assert info.value.observed["state"] in ("PrepareCommit", "CompleteCommit")
     assert info.value.observed["transaction_start_time_ms"] > state.txn_start_ms
     assert "stop or fence every other instance" in str(info.value).lower()
+    # EndTxn(commit) was sent: the error must not say that recovery committed nothing.
+    assert "committed nothing" not in str(info.value)
+    assert (info.value.transactional_id, info.value.stored_state) == (
+        producer_config["transactional.id"], str(state))  # fmt: skip
     # What the error reports did happen: the zombie's undecided record was committed.
     got = sorted(v for _, v in broker.read_committed(topic, expected=2))
     assert got == [b"in-doubt", b"zombie-next"]

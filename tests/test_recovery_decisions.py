@@ -14,6 +14,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from kafka_txn import (
+    InvalidPreparedStateError,
     PreparedTxnState,
     TransactionDivergedError,
     TransactionOutcomeUnknowableError,
@@ -388,3 +389,15 @@ def test_nothing_to_commit_is_logged_without_asking_the_coordinator(
         logging.INFO, f"recovery of {_TID!r}: stored state {str(stored)!r} needs no commit",
         _TID, "nothing_to_commit",
     )]  # fmt: skip
+
+
+def test_a_state_without_a_start_time_is_refused_before_asking_the_coordinator():
+    client = CoordinatorClient(ConnectionSettings(bootstrap=(("127.0.0.1", 1),)), _TID)
+    java = PreparedTxnState(f"{P}:{E}")  # the Java client's form: no start time
+    with pytest.raises(InvalidPreparedStateError) as refused:
+        recovery.recover(client, java, None)
+    assert str(refused.value) == (
+        f"the stored state {str(java)!r} has no transaction start time, so it cannot be told "
+        "apart from a later transaction under the same producer id and epoch (librdkafka "
+        "reuses them): recover from the state prepare_transaction() returned"
+    )

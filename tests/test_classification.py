@@ -9,9 +9,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from kafka_txn import ERROR_TABLE, ErrorCategory, FailureType, classify
+from kafka_txn import ERROR_TABLE, ErrorCategory, FailureType, classification, classify
 from kafka_txn._docs import update_docs
-from kafka_txn.classification import exception_for, produce_failure, render_markdown, rule_for
+from kafka_txn.classification import (
+    ErrorRule,
+    exception_for,
+    produce_failure,
+    render_markdown,
+    rule_for,
+)
 from kafka_txn.errors import (
     CommitFailedException,
     FatalError,
@@ -275,3 +281,59 @@ def test_docs_are_generated_from_the_code():
         "docs/errors.md drifted from the code: run `python -m kafka_txn._docs`"
     )
     assert render_markdown() in text
+
+
+# Found by mutation testing (make mutants): what the table tests above left open.
+def test_the_table_builds_the_same_from_its_rows():
+    # ERROR_TABLE is built once, at import; building it again puts the building code
+    # itself under test (mutmut switches a mutant on only after the import).
+    table = classification._build()
+    assert table == ERROR_TABLE
+    for code, rule in table.items():
+        assert code == rule.code == int(getattr(KafkaError, rule.name))
+
+
+def test_unknown_code_row_in_full():
+    assert rule_for(31337) == ErrorRule(
+        31337, "CODE_31337", ErrorCategory.FATAL, FailureType.DELIVERY_FAILED, False,
+        "not in the table",
+    )  # fmt: skip
+    assert classify(KafkaError(31337)) == (ErrorCategory.FATAL, FailureType.DELIVERY_FAILED)
+
+
+@pytest.mark.parametrize(
+    ("code", "operation", "cls", "advice"),
+    [
+        (KafkaError.PRODUCER_FENCED, "commit_transaction", ProducerFencedError, "unusable"),
+        (KafkaError._FENCED, "send_offsets_to_transaction", ProducerFencedError, "unusable"),
+        (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "init_transactions", FatalError,
+         "unusable"),
+        (KafkaError._MSG_TIMED_OUT, "commit_transaction", CommitFailedException, "abort"),
+        (KafkaError._MSG_TIMED_OUT, "send_offsets_to_transaction", TransactionAbortableError,
+         "abort"),
+        (KafkaError.NOT_COORDINATOR, "begin_transaction", TransactionAbortableError,
+         "transient"),
+    ],
+)  # fmt: skip
+def test_exception_for_builds_the_error_its_category_says(code, operation, cls, advice):
+    err = KafkaError(code)
+    exc = exception_for(err, operation)
+    assert type(exc) is cls  # a fatal error that is no fencing is no ProducerFencedError
+    advices = {
+        "unusable": "the producer is unusable: close it (and its consumer) and create a new one",
+        "abort": "abort the transaction, rewind the inputs, and retry in a new transaction",
+        "transient": "transient; retry the call",
+    }
+    assert str(exc) == f"{operation} failed: {err.str()} ({err.name()}); {advices[advice]}"
+    assert exc.kafka_error is err
+
+
+@pytest.mark.parametrize(
+    ("partition", "where"), [(0, "orders[0]"), (3, "orders[3]"), (-1, "orders"), (None, "orders")]
+)
+def test_a_record_failure_names_the_partition_when_it_is_known(partition, where):
+    err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    exc = produce_failure(err, "orders", partition, b"k")
+    assert str(exc) == f"record to {where} failed (MESSAGE_REJECTED): {err.str()} ({err.name()})"
+    assert (exc.topic, exc.partition, exc.key, exc.kafka_error) == ("orders", partition, b"k", err)
+    assert (exc.category, exc.failure_type) == classify(err)

@@ -35,6 +35,13 @@ __all__ = ["Driver"]
 
 log = logging.getLogger("kafka_txn.producer")
 
+_RETRY_FLOOR_S = 1.0
+"""Every retry of a transactional call gets at least this long, and none starts with less
+left. librdkafka asserts ("BUG: Invalid transaction state transition", rd_kafka_txn_set_state,
+CommittingTransaction -> AbortedNotAcked) and aborts the process when a resumed
+commit_transaction() times out while its EndTxn is in flight and the reply then arrives:
+the timed-out call clears the API name the reply is matched against."""
+
 # Pause between tries of a call that failed with a retriable error: exponential from 50 ms
 # to 1 s, plus jitter so that many producers do not retry in step.
 _WAIT = tenacity.wait_exponential(multiplier=0.05, max=1.0) + tenacity.wait_random(0, 0.05)
@@ -150,32 +157,36 @@ class Driver:
         budget = self._operation_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
 
-        def attempt() -> None:
+        def attempt(floor: float) -> None:
             self.call(
-                operation, call, max(0.001, deadline - time.monotonic()),
+                operation, call, max(floor, deadline - time.monotonic()),
                 defer_callback_errors=defer_callback_errors,
             )  # fmt: skip
 
         try:
             try:
-                attempt()  # the common case, without the retry machinery's cost
+                attempt(0.001)  # the common case, without the retry machinery's cost
             except KafkaException as first:
                 if not _is_retriable(first):
                     raise
+                if deadline - time.monotonic() < _RETRY_FLOOR_S:
+                    raise  # too little time left for a retry: the outcome stays unknown
                 log.info(
                     "%s: %s; retrying until %gs pass", operation, first.args[0], budget,
                     extra={"transactional_id": self.transactional_id, "operation": operation},
                 )  # fmt: skip
                 retrying = tenacity.Retrying(
                     retry=tenacity.retry_if_exception(_is_retriable),
-                    stop=tenacity.stop_after_delay(max(0.0, deadline - time.monotonic())),
-                    wait=_wait_until(deadline),
+                    stop=tenacity.stop_after_delay(
+                        max(0.0, deadline - _RETRY_FLOOR_S - time.monotonic())
+                    ),
+                    wait=_wait_until(deadline - _RETRY_FLOOR_S),
                     sleep=self._sleep,
                     reraise=True,
                 )
                 for try_ in retrying:
                     with try_:
-                        attempt()
+                        attempt(_RETRY_FLOOR_S)
         except KafkaException as exc:
             if isinstance(exc, KafkaTxnError):
                 raise

@@ -73,6 +73,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError, SQLAlc
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 from ._ddl import add_column_if_missing, add_column_statement, create_table_if_missing
+from ._pg_pipeline import Decision, pipelining
 from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings
 from .errors import (
     ConfigurationError,
@@ -372,6 +373,9 @@ class _StateRow:
     ) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        self.pipelined = pipelining(engine)
+        """BEGIN goes with the lock, the state write with the COMMIT: one round trip
+        each (PostgreSQL with psycopg 3, ``kafka_txn._pg_pipeline``)."""
         self.transactional_id = transactional_id
         self.owner = owner
         self.lock_timeout = lock_timeout
@@ -484,10 +488,11 @@ class _StateRow:
                 raise self._lock_timed_out("start() creating the state row") from exc
             raise
 
-    def lock(self, conn: Connection) -> _Row:
+    def lock(self, conn: Connection, decision: Decision | None = None) -> _Row:
         """Lock this writer's state row for the rest of the DB transaction (SELECT ...
         FOR UPDATE; on SQLite a write, which takes its RESERVED lock at once) and read
-        it, waiting at most ``lock_timeout``."""
+        it, waiting at most ``lock_timeout``. With the transaction's ``decision``, the
+        lock goes with the BEGIN (one round trip on PostgreSQL with psycopg 3)."""
         params = self._lock_params()
         try:
             if self.dialect != "postgresql":
@@ -495,6 +500,8 @@ class _StateRow:
             if self.dialect == "sqlite":
                 conn.execute(self._lock_statement, params)
                 row = conn.execute(self._select_row, params).first()
+            elif decision is not None:
+                row = decision.lock(self._lock_statement, params)
             else:
                 row = conn.execute(self._lock_statement, params).first()
         except DBAPIError as exc:
@@ -515,9 +522,15 @@ class _StateRow:
             {"tid": self.transactional_id, "state": str(state), "owner": self.owner},
         )
 
-    def write(self, conn: Connection, state: PreparedTxnState) -> None:
-        """A transaction's decision: its prepared state, in its database transaction."""
-        conn.execute(self._write_statement, {"tid": self.transactional_id, "state": str(state)})
+    def decision(self, conn: Connection) -> Decision:
+        """The state write and COMMIT of a transaction on ``conn`` (one round trip on
+        PostgreSQL with psycopg 3: ``kafka_txn._pg_pipeline``)."""
+        return Decision(conn, self.pipelined)
+
+    def write(self, decision: Decision, state: PreparedTxnState) -> None:
+        """A transaction's decision: its prepared state, in its database transaction
+        (queued, on PostgreSQL, to go with the COMMIT)."""
+        decision.execute(self._write_statement, {"tid": self.transactional_id, "state": str(state)})
 
     def store_completed(self, state: PreparedTxnState) -> bool:
         """``UPDATE ... SET state = state.mark_completed() WHERE state = state``: a
@@ -911,23 +924,29 @@ class DualWriter:
         try:
             with self.engine.connect() as conn:
                 conn.begin()
+                decision = self._row.decision(conn)
                 try:
-                    self._check_owner(
-                        self._row.lock(conn), "nothing of this transaction was written"
-                    )
-                    producer.begin_transaction()
-                    began = True
-                    self._step("after_begin")
-                    yield DualWriteTransaction(conn, producer)
-                    self._step("after_send")
-                    state = producer.prepare_transaction()
-                    self._step("after_prepare")
-                    self._row.write(conn, state)
-                    self._step("after_state_write")
-                except BaseException:
-                    self._roll_back(conn, began)
-                    raise
-                self._commit_database(conn)
+                    try:
+                        self._check_owner(
+                            self._row.lock(conn, decision),
+                            "nothing of this transaction was written",
+                        )
+                        producer.begin_transaction()
+                        began = True
+                        self._step("after_begin")
+                        yield DualWriteTransaction(conn, producer)
+                        self._step("after_send")
+                        state = producer.prepare_transaction()
+                        self._step("after_prepare")
+                        self._row.write(decision, state)
+                        self._step("after_state_write")
+                    except BaseException:
+                        decision.discard()
+                        self._roll_back(conn, began)
+                        raise
+                    self._commit_database(conn, decision)
+                finally:
+                    decision.finish()
                 committed = True
         finally:
             marks.release(superseded=committed)
@@ -1019,9 +1038,9 @@ class DualWriter:
             "its start() settles the last commit, then aborts this transaction"
         )
 
-    def _commit_database(self, conn: Connection) -> None:
+    def _commit_database(self, conn: Connection, decision: Decision) -> None:
         try:
-            conn.commit()
+            decision.commit()
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 # The COMMIT may or may not have happened: only the database knows.

@@ -1,0 +1,394 @@
+"""Red-team review of 2026-11-23 (issue 13's changes: PostgreSQL pipeline mode for the
+dual write, guarantee 4.14; the completion marks, 4.7; the state-row lock, 4.9).
+
+Each test states the promise it attacks. A test marked ``xfail(strict=True)`` shows a
+promise the library breaks today (the reason says how); the others hold and cover a
+schedule no other test covers. Real PostgreSQL and MariaDB, the local broker; Kafka is
+checked with kafka-python's read_committed consumer, the database with direct SQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, Table, create_engine, insert, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from kafka_txn.dualwrite import DualWriter
+from kafka_txn.errors import (
+    ConfigurationError,
+    KafkaTxnError,
+    TransactionAbortableError,
+)
+from kafka_txn.jdbc import jdbc_to_sqlalchemy
+from tests.rig import Broker
+
+
+def _names() -> tuple[str, str]:
+    suffix = uuid.uuid4().hex[:10]
+    return f"rt_state_{suffix}", f"rt_rows_{suffix}"
+
+
+def _rows_table(name: str) -> Table:
+    return Table(name, MetaData(), Column("id", Integer, primary_key=True))
+
+
+@pytest.fixture
+def pg_tables(postgres_jdbc: str) -> Iterator[tuple[str, str, Engine]]:
+    """A state table name and a data table (created) on PostgreSQL, and a plain engine to
+    check them with; both dropped afterwards."""
+    state, rows = _names()
+    admin = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
+    _rows_table(rows).create(admin)
+    try:
+        yield state, rows, admin
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {rows}"))
+            conn.execute(text(f"DROP TABLE IF EXISTS {state}"))
+        admin.dispose()
+
+
+def _count(engine: Engine, table: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+def _terminate(admin: Engine, pid: int) -> None:
+    with admin.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        conn.commit()
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    """A raw DBAPI exception (psycopg's or PyMySQL's), not SQLAlchemy's wrapping."""
+    module = type(exc).__module__
+    return module.startswith(("psycopg", "pymysql")) and not isinstance(exc, SQLAlchemyError)
+
+
+# --------------------------------------------------------------------------- autocommit
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "red team 2026-11-23: an Engine in AUTOCOMMIT mode is used as it is "
+        "(docs/dual-write.md: 'A connection already in autocommit mode ... is used "
+        "statement by statement'): the body's INSERT commits at once, the exception in "
+        "the body aborts Kafka, and the row stays in the database with no error about it "
+        "(guarantee 4.2 broken; the state-row lock is not held either, so 4.4/4.5 too). "
+        "On a fresh state table start() fails instead, with a raw-looking InternalError "
+        "(SAVEPOINT can only be used in transaction blocks), once the row exists it runs"
+    ),
+)
+def test_an_autocommit_engine_is_refused_or_rolls_back_both(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    state, rows, admin = pg_tables
+    first = DualWriter(producer_config, postgres_jdbc, state_table=state)
+    first.start()  # an earlier deployment of the same id: the state row exists
+    first.close()
+    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc), isolation_level="AUTOCOMMIT")
+    writer = DualWriter(producer_config, engine, state_table=state)
+    try:
+        try:
+            writer.start()
+        except ConfigurationError:
+            return  # refused up front: the promise holds
+        with pytest.raises(RuntimeError, match="body fails"), writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+            raise RuntimeError("body fails")
+    finally:
+        writer.close()
+    assert broker.read_committed(topic, expected=0) == []
+    assert _count(admin, rows) == 0, "rolled back in Kafka, committed in the database"
+
+
+# --------------------------------------------------------------- sessions ended mid-body
+def _pg_writer(
+    producer_config: dict[str, Any], engine: Engine, state: str, **kwargs: Any
+) -> DualWriter:
+    return DualWriter(producer_config, engine, state_table=state, **kwargs)
+
+
+def _check_pool_is_clean(engine: Engine) -> None:
+    """Every pooled connection is out of autocommit mode and idle."""
+    conns = [engine.connect() for _ in range(engine.pool.size())]  # type: ignore[attr-defined]
+    try:
+        for conn in conns:
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            assert driver.autocommit is False, "pooled connection handed out in autocommit"
+            assert driver.info.transaction_status.name == "IDLE"
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def _settle_and_check(
+    broker: Broker,
+    topic: str,
+    producer_config: dict[str, Any],
+    engine: Engine,
+    admin: Engine,
+    state: str,
+    rows: str,
+    raised: BaseException,
+) -> None:
+    """After the failed transaction: a fresh writer (or the same one, if it goes on)
+    commits one more transaction; the database and Kafka agree."""
+    assert not _is_driver_error(raised), f"raw driver exception escaped: {raised!r}"
+    assert isinstance(raised, (DBAPIError, KafkaTxnError)), repr(raised)
+    writer = _pg_writer(producer_config, engine, state)
+    try:
+        writer.start()
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+            tx.produce(topic, b"2")
+    finally:
+        writer.close()
+    with admin.connect() as conn:
+        in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+    in_kafka = sorted(int(v) for _, v in broker.read_committed(topic, expected=len(in_db)))
+    assert in_db == in_kafka, f"database {in_db} != Kafka {in_kafka}"
+    assert 2 in in_db
+    assert broker.open_partitions(topic) == {}
+
+
+def test_a_session_terminated_during_prepare_writes_nothing_and_raises_sqlalchemys_error(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    """4.14's pipelined UPDATE+COMMIT on a session that PostgreSQL ended while it was
+    idle in the transaction (pg_terminate_backend from a second connection, after the
+    Kafka prepare): the error is SQLAlchemy's (or DatabaseCommitUnknownError), nothing
+    is committed on either side, no connection goes back to the pool in autocommit mode,
+    and the next writer works."""
+    state, rows, admin = pg_tables
+    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc), pool_size=2)
+    pids: list[int] = []
+
+    def on_step(step: str) -> None:
+        if step == "after_prepare":
+            _terminate(admin, pids[-1])
+            time.sleep(0.2)  # the FATAL message is in the client's socket
+
+    writer = _pg_writer(producer_config, engine, state, on_step=on_step)
+    raised: BaseException | None = None
+    try:
+        writer.start()
+        try:
+            with writer.transaction() as tx:
+                pids.append(tx.connection.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+                tx.produce(topic, b"1")
+        except BaseException as exc:
+            raised = exc
+    finally:
+        writer.close()
+    assert raised is not None
+    assert _count(admin, rows) == 0
+    _check_pool_is_clean(engine)
+    _settle_and_check(broker, topic, producer_config, engine, admin, state, rows, raised)
+    engine.dispose()
+
+
+def test_idle_in_transaction_timeout_during_the_body_writes_nothing(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    """idle_in_transaction_session_timeout set on the writer's connections ends the
+    session while the body (or Kafka) takes longer: the pipelined UPDATE+COMMIT meets a
+    dead session. SQLAlchemy's error (or DatabaseCommitUnknownError), nothing committed
+    on either side, the pool clean, the next writer works."""
+    state, rows, admin = pg_tables
+    engine = create_engine(
+        jdbc_to_sqlalchemy(postgres_jdbc),
+        connect_args={"options": "-c idle_in_transaction_session_timeout=300"},
+    )
+    writer = _pg_writer(producer_config, engine, state)
+    raised: BaseException | None = None
+    try:
+        writer.start()
+        try:
+            with writer.transaction() as tx:
+                tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+                tx.produce(topic, b"1")
+                time.sleep(1.0)
+        except BaseException as exc:
+            raised = exc
+    finally:
+        writer.close()
+    assert raised is not None
+    assert _count(admin, rows) == 0
+    plain = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
+    try:
+        _settle_and_check(broker, topic, producer_config, plain, admin, state, rows, raised)
+    finally:
+        plain.dispose()
+    engine.dispose()
+
+
+# --------------------------------------------------------------------- statement_timeout
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "red team 2026-11-23: with statement_timeout on the connection shorter than "
+        "lock_timeout, a wait for the state-row lock ends with SQLAlchemy's "
+        "OperationalError (QueryCanceled, 57014), not TransactionAbortableError naming "
+        "the transactional id and the row's owner (guarantee 4.9)"
+    ),
+)
+def test_statement_timeout_ending_the_lock_wait_is_the_lock_timeout_error(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    state, rows, admin = pg_tables
+    engine = create_engine(
+        jdbc_to_sqlalchemy(postgres_jdbc),
+        connect_args={"options": "-c statement_timeout=500"},
+    )
+    writer = _pg_writer(producer_config, engine, state, lock_timeout=5.0)
+    holder = admin.connect()
+    try:
+        writer.start()
+        holder.begin()
+        holder.execute(
+            text(f"SELECT 1 FROM {state} WHERE transactional_id = :t FOR UPDATE"),
+            {"t": producer_config["transactional.id"]},
+        )
+        expected = pytest.raises(TransactionAbortableError, match="Nothing was written")
+        with expected, writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+    finally:
+        holder.rollback()
+        holder.close()
+        writer.close()
+        engine.dispose()
+    assert _count(admin, rows) == 0
+
+
+# ------------------------------------------------------- a connection handed over in a txn
+def test_a_connection_left_in_a_transaction_by_a_connect_hook_still_commits_both(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    """A pool ``connect`` hook that runs SQL on the driver (SQLAlchemy's documented
+    search_path recipe) leaves psycopg's connection in a transaction: the writer falls
+    back to statement-by-statement for the lock, and the transaction still commits on
+    both sides; one that fails in the body still rolls back both."""
+    from sqlalchemy import event
+
+    state, rows, admin = pg_tables
+    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
+
+    @event.listens_for(engine, "connect")
+    def _set_search_path(dbapi_connection: Any, record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET search_path TO public")
+        cursor.close()
+
+    writer = _pg_writer(producer_config, engine, state)
+    try:
+        writer.start()
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+        with pytest.raises(RuntimeError), writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+            tx.produce(topic, b"2")
+            raise RuntimeError("body fails")
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=3))
+            tx.produce(topic, b"3")
+    finally:
+        writer.close()
+        engine.dispose()
+    with admin.connect() as conn:
+        in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+    assert in_db == [1, 3]
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 3]
+
+
+# ------------------------------------------------------------------- a pool of one
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "red team 2026-11-23: on an Engine whose pool holds one connection, a body that "
+        "raises while the last commit's completion mark is pending makes _roll_back flush "
+        "the mark through engine.connect() while the transaction's own connection is "
+        "still checked out: it waits pool_timeout (30 s by default), fails, and the "
+        "writer leaves the Kafka transaction open and stops with FatalError, instead of "
+        "rolling back both and going on (guarantee 4.2)"
+    ),
+)
+def test_a_body_failure_on_a_pool_of_one_connection_rolls_back_both_and_goes_on(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    state, rows, admin = pg_tables
+    engine = create_engine(
+        jdbc_to_sqlalchemy(postgres_jdbc), pool_size=1, max_overflow=0, pool_timeout=2
+    )
+    writer = _pg_writer(producer_config, engine, state, mark_completed_after=None)
+    try:
+        writer.start()
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+        with pytest.raises(RuntimeError), writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+            tx.produce(topic, b"2")
+            raise RuntimeError("body fails")
+        with writer.transaction() as tx:  # "the writer goes on"
+            tx.connection.execute(insert(_rows_table(rows)).values(id=3))
+            tx.produce(topic, b"3")
+    finally:
+        writer.close()
+        engine.dispose()
+    with admin.connect() as conn:
+        in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+    assert in_db == [1, 3]
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 3]
+
+
+# ----------------------------------------------------------------- threads and the marks
+def test_a_mark_racing_a_transaction_never_loses_the_new_state(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    """4.7's background mark (mark_completed_after, tiny) runs while the next transaction
+    runs in another thread on the same writer: the row always ends with the last
+    transaction's state (marked or not), never an older one, and both sides agree."""
+    state, rows, admin = pg_tables
+    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
+    writer = _pg_writer(producer_config, engine, state, mark_completed_after=0.001)
+    errors: list[BaseException] = []
+
+    def work(first: int) -> None:
+        try:
+            for i in range(first, first + 20, 2):
+                with writer.transaction() as tx:
+                    tx.connection.execute(insert(_rows_table(rows)).values(id=i))
+                    tx.produce(topic, str(i).encode())
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        writer.start()
+        threads = [threading.Thread(target=work, args=(n,)) for n in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        time.sleep(0.5)  # the last mark
+        last = writer.producer._twophase.last_start_ms  # type: ignore[union-attr]
+    finally:
+        writer.close()
+        engine.dispose()
+    assert errors == []
+    with admin.connect() as conn:
+        stored = conn.execute(text(f"SELECT prepared_txn_state FROM {state}")).scalar_one()
+        in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+    assert str(last) in stored
+    assert in_db == list(range(20))
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=20)) == in_db

@@ -80,32 +80,49 @@ def _is_driver_error(exc: BaseException) -> bool:
         "statement by statement'): the body's INSERT commits at once, the exception in "
         "the body aborts Kafka, and the row stays in the database with no error about it "
         "(guarantee 4.2 broken; the state-row lock is not held either, so 4.4/4.5 too). "
-        "On a fresh state table start() fails instead, with a raw-looking InternalError "
-        "(SAVEPOINT can only be used in transaction blocks), once the row exists it runs"
+        "On a fresh state table start() fails instead (SQLAlchemy's savepoint errors: "
+        "PostgreSQL 'SAVEPOINT can only be used in transaction blocks', MariaDB 1305); "
+        "once the row exists (an earlier deployment of the id) it runs"
     ),
 )
+@pytest.mark.parametrize("database", ["postgresql", "mariadb"])
 def test_an_autocommit_engine_is_refused_or_rolls_back_both(
-    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+    broker: Broker,
+    topic: str,
+    producer_config: dict[str, Any],
+    database: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    state, rows, admin = pg_tables
-    first = DualWriter(producer_config, postgres_jdbc, state_table=state)
-    first.start()  # an earlier deployment of the same id: the state row exists
-    first.close()
-    engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc), isolation_level="AUTOCOMMIT")
-    writer = DualWriter(producer_config, engine, state_table=state)
+    jdbc = str(
+        request.getfixturevalue(f"{'postgres' if database == 'postgresql' else database}_jdbc")
+    )
+    state, rows = _names()
+    admin = create_engine(jdbc_to_sqlalchemy(jdbc))
+    _rows_table(rows).create(admin)
     try:
+        first = DualWriter(producer_config, jdbc, state_table=state)
+        first.start()  # an earlier deployment of the same id: the state row exists
+        first.close()
+        engine = create_engine(jdbc_to_sqlalchemy(jdbc), isolation_level="AUTOCOMMIT")
+        writer = DualWriter(producer_config, engine, state_table=state)
         try:
-            writer.start()
-        except ConfigurationError:
-            return  # refused up front: the promise holds
-        with pytest.raises(RuntimeError, match="body fails"), writer.transaction() as tx:
-            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
-            tx.produce(topic, b"1")
-            raise RuntimeError("body fails")
+            try:
+                writer.start()
+            except ConfigurationError:
+                return  # refused up front: the promise holds
+            with pytest.raises(RuntimeError, match="body fails"), writer.transaction() as tx:
+                tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+                tx.produce(topic, b"1")
+                raise RuntimeError("body fails")
+        finally:
+            writer.close()
+        assert broker.read_committed(topic, expected=0) == []
+        assert _count(admin, rows) == 0, "rolled back in Kafka, committed in the database"
     finally:
-        writer.close()
-    assert broker.read_committed(topic, expected=0) == []
-    assert _count(admin, rows) == 0, "rolled back in Kafka, committed in the database"
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {rows}"))
+            conn.execute(text(f"DROP TABLE IF EXISTS {state}"))
+        admin.dispose()
 
 
 # --------------------------------------------------------------- sessions ended mid-body

@@ -68,6 +68,20 @@ def _is_retriable(exc: BaseException) -> bool:
     )
 
 
+def _failure(call: Callable[..., object], *args: Any) -> KafkaException | None:
+    """``call(*args)``'s KafkaException, returned rather than raised, so that the caller
+    makes its next librdkafka call (a retry) outside any ``except`` block.
+    confluent-kafka's KafkaError type claims Py_TPFLAGS_BASE_EXC_SUBCLASS, so on CPython
+    3.11 a KafkaException raised while another exception is being handled stores the
+    handled one, with its traceback and every frame above it (the caller's, and what they
+    hold: a producer, a database connection), in a KafkaError that never lets go of it."""
+    try:
+        call(*args)
+    except KafkaException as exc:
+        return exc
+    return None
+
+
 class Driver:
     """Calls into one confluent-kafka ``Producer`` on behalf of a TransactionalProducer."""
 
@@ -163,41 +177,41 @@ class Driver:
                 defer_callback_errors=defer_callback_errors,
             )  # fmt: skip
 
-        try:
-            try:
-                attempt(0.001)  # the common case, without the retry machinery's cost
-            except KafkaException as first:
-                if not _is_retriable(first):
-                    raise
-                if deadline - time.monotonic() < _RETRY_FLOOR_S:
-                    raise  # too little time left for a retry: the outcome stays unknown
-                log.info(
-                    "%s: %s; retrying until %gs pass", operation, first.args[0], budget,
-                    extra={"transactional_id": self.transactional_id, "operation": operation},
-                )  # fmt: skip
-                retrying = tenacity.Retrying(
-                    retry=tenacity.retry_if_exception(_is_retriable),
-                    stop=tenacity.stop_after_delay(
-                        max(0.0, deadline - _RETRY_FLOOR_S - time.monotonic())
-                    ),
-                    wait=_wait_until(deadline - _RETRY_FLOOR_S),
-                    sleep=self._sleep,
-                    reraise=True,
-                )
-                for try_ in retrying:
-                    with try_:
-                        attempt(_RETRY_FLOOR_S)
-        except KafkaException as exc:
-            if isinstance(exc, KafkaTxnError):
-                raise
-            err = exc.args[0]
-            if _is_retriable(exc):
-                raise TransactionOutcomeUnknownError(
-                    _outcome_unknown_message(operation, budget, err),
-                    kafka_error=err,
-                    operation=operation,
-                ) from exc
-            raise self.on_call_error(exc, operation) from exc
+        # No librdkafka call is made while a failure is being handled (inside an
+        # ``except`` block): see ``_failure``.
+        failure = _failure(attempt, 0.001)  # the common case, without tenacity's cost
+        if (
+            failure is not None
+            and _is_retriable(failure)
+            # too little time left for a retry: the outcome stays unknown
+            and deadline - time.monotonic() >= _RETRY_FLOOR_S
+        ):
+            log.info(
+                "%s: %s; retrying until %gs pass", operation, failure.args[0], budget,
+                extra={"transactional_id": self.transactional_id, "operation": operation},
+            )  # fmt: skip
+            retrying = tenacity.Retrying(
+                retry=tenacity.retry_if_exception(_is_retriable),
+                stop=tenacity.stop_after_delay(
+                    max(0.0, deadline - _RETRY_FLOOR_S - time.monotonic())
+                ),
+                wait=_wait_until(deadline - _RETRY_FLOOR_S),
+                sleep=self._sleep,
+                reraise=True,
+            )
+            failure = _failure(retrying, attempt, _RETRY_FLOOR_S)
+        if failure is None:
+            return
+        if isinstance(failure, KafkaTxnError):
+            raise failure
+        err = failure.args[0]
+        if _is_retriable(failure):
+            raise TransactionOutcomeUnknownError(
+                _outcome_unknown_message(operation, budget, err),
+                kafka_error=err,
+                operation=operation,
+            ) from failure
+        raise self.on_call_error(failure, operation) from failure
 
     def call(
         self,

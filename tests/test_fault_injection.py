@@ -3,7 +3,10 @@ the transaction, and which are retried until commit succeeds."""
 
 from __future__ import annotations
 
+import gc
+import random
 import time
+import weakref
 
 import pytest
 from confluent_kafka import KafkaError
@@ -296,4 +299,119 @@ def test_retriable_errors_are_retried_with_backoff_until_operation_timeout(
     mock_cluster.set_broker_down(1, down=False)
     p.commit_transaction(timeout=60)
     assert p.state == "ready"
+    p.close()
+
+
+class _Held:
+    """An object only a caller's frame refers to."""
+
+
+def test_a_retried_call_lets_go_of_its_callers_frames(mock_cluster, mock_config, txn_id):
+    """A commit that kafka-txn retries (EndTxn refused at once with the retriable
+    _UNSUPPORTED_FEATURE, as in the test above) pins nothing once its exception is
+    dropped: what the calling frame held is freed. confluent-kafka's KafkaError type
+    claims Py_TPFLAGS_BASE_EXC_SUBCLASS, so on CPython 3.11 a KafkaException raised while
+    another exception is being handled stores the handled one, with its traceback and
+    every frame above it, in a KafkaError that is never freed: retries made inside an
+    ``except`` block kept the caller's frames (a producer, a connection) for good."""
+    mock_cluster.create_topic("t", partitions=1)
+    mock_cluster.set_coordinator("transaction", txn_id, 1)
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        time.sleep(seconds)
+
+    p = TransactionalProducer(mock_config(), operation_timeout=30, sleep=sleep)
+    mock_cluster.set_api_version(ApiKey.END_TXN, -1, -1)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", b"v", partition=0).result(timeout=10)
+
+    def commit_holding(held: _Held) -> str:
+        try:
+            p.commit_transaction(timeout=2.5)  # tries for 1.5 s, then the floor
+        except TransactionOutcomeUnknownError as exc:
+            return exc.operation
+        return "committed"
+
+    held = _Held()
+    freed = weakref.ref(held)
+    assert commit_holding(held) == "commit_transaction"
+    assert pauses, "the commit was not retried"
+    del held
+    gc.collect()
+    assert freed() is None, "the caller's frame is still held"
+    mock_cluster.set_api_version(ApiKey.END_TXN, 0, 3)
+    mock_cluster.set_broker_down(1)
+    mock_cluster.set_broker_down(1, down=False)
+    p.commit_transaction(timeout=60)
+    p.close()
+
+
+@pytest.mark.parametrize(
+    ("budget", "took", "tries"),
+    [
+        (5.0, 0.125, 9),  # short tries: the last pause is cut, the last retry gets 1 s
+        (5.0, 1.5, 3),  # long tries: the second retry gets what is left, ~1.9 s
+        (2.0, 0.75, 2),  # one retry, with 1.25 s
+        (2.0, 1.25, 1),  # the first try leaves 0.75 s: no retry, the outcome is unknown
+    ],
+)
+def test_every_retry_gets_the_floor_and_none_starts_with_less_left(
+    mock_cluster, mock_config, txn_id, monkeypatch, budget, took, tries
+):
+    """The retry floor (kafka_txn/_librdkafka.py, _RETRY_FLOOR_S): a retry of a
+    transactional call is given at least 1 s by librdkafka's timeout, and none starts
+    with less than 1 s of the call's budget left; then the outcome stays unknown
+    (TransactionOutcomeUnknownError naming the operation). A resumed
+    commit_transaction() given 1 ms once made librdkafka assert and abort the process.
+    A real Driver over a real producer whose EndTxn is refused at once (retriable
+    _UNSUPPORTED_FEATURE); time is a fake clock (time.monotonic, which tenacity reads
+    too) that each try advances by ``took`` and each pause by its length, and the
+    pauses' jitter is fixed, so the timeouts librdkafka is given are exact."""
+    from kafka_txn._librdkafka import _RETRY_FLOOR_S
+
+    floor = _RETRY_FLOOR_S
+
+    mock_cluster.create_topic("t", partitions=1)
+    mock_cluster.set_coordinator("transaction", txn_id, 1)
+    now = [1000.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    p = TransactionalProducer(mock_config(), operation_timeout=30, sleep=sleep)
+    mock_cluster.set_api_version(ApiKey.END_TXN, -1, -1)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", b"v", partition=0).result(timeout=10)
+    driver = p._io
+    deadline = now[0] + budget
+    given: list[tuple[float, float]] = []  # (librdkafka's timeout, budget left at the start)
+
+    def commit(timeout: float) -> None:
+        given.append((timeout, deadline - now[0]))
+        now[0] += took
+        driver.producer.commit_transaction(timeout)  # refused at once
+
+    with monkeypatch.context() as patch, pytest.raises(TransactionOutcomeUnknownError) as info:
+        patch.setattr(time, "monotonic", lambda: now[0])
+        patch.setattr(random, "random", lambda: 0.5)  # tenacity's jitter: 25 ms
+        driver.retrying("commit_transaction", commit, budget)
+    assert info.value.operation == "commit_transaction"
+    assert info.value.kafka_error.code() == KafkaError._UNSUPPORTED_FEATURE
+    assert f"within {budget:g}s" in str(info.value)
+    assert len(given) == tries, given
+    assert given[0] == (budget, budget)  # the first try: the whole budget
+    for timeout, left in given[1:]:
+        assert timeout >= floor, given
+        assert left >= floor - 1e-9, given  # float sums of the fake clock's steps
+        assert timeout == max(floor, left), given
+    # Retried until no retry could start with the floor left.
+    assert given[-1][1] - took < floor, given
+    mock_cluster.set_api_version(ApiKey.END_TXN, 0, 3)
+    mock_cluster.set_broker_down(1)
+    mock_cluster.set_broker_down(1, down=False)
+    p.commit_transaction(timeout=60)
     p.close()

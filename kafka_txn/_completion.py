@@ -67,10 +67,14 @@ class Completion:
         # under the GIL; one list costs less per record than a lock or two counters.
         # The producer appends and pops itself.
         self.under_way: list[None] = [None] * _PADDING
+        self.init_started = False
+        """librdkafka's init_transactions() was called: until it succeeds (the lifecycle
+        leaves NEW/RECOVERING), it may still be under way inside librdkafka."""
 
     def init(self, timeout: float | None) -> None:
         """librdkafka's init_transactions(); a callback's exception stays stashed for the
         public call to raise once done (``_raise_callback_error``)."""
+        self.init_started = True
         self._io.retrying(
             "init_transactions", self._io.producer.init_transactions, timeout,
             defer_callback_errors=True,

@@ -136,12 +136,15 @@ class Driver:
             self.life.enter_abortable(abortable)
             raise abortable from exc.__cause__
 
-    def release(self, *, keep_transaction_open: bool) -> None:
-        """Let go of the librdkafka handle at close(). confluent-kafka's Producer.close()
-        aborts an open transaction; a prepared one must outlive this producer, so then
-        the handle is left to the garbage collector, whose rd_kafka_destroy() leaves the
-        transaction open."""
-        if keep_transaction_open:
+    def release(self, *, close_handle: bool) -> None:
+        """Let go of the librdkafka handle at close(). With ``close_handle``,
+        confluent-kafka's Producer.close() flushes and destroys it now (it also aborts an
+        open transaction, without a time bound, and warns if librdkafka refuses: the
+        producer asks for it only when librdkafka holds no transaction and runs no
+        transactional call). Otherwise the handle is left to the garbage collector,
+        whose rd_kafka_destroy() neither aborts nor waits: a prepared transaction
+        outlives this producer, any other is left to its coordinator."""
+        if not close_handle:
             return
         try:
             self.producer.flush(0)

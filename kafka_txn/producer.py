@@ -545,10 +545,20 @@ class TransactionalProducer:
                 or (open_txn and not abort_open)
                 or (self._twophase is not None and self._twophase.prepared is not None)
             )
+            # confluent-kafka's close() aborts whatever librdkafka still has open, without
+            # a time bound, and turns a refusal into a RuntimeWarning: an
+            # init_transactions() that timed out is still under way ("Conflicting
+            # init_transactions API call is already in progress"), a fatal error refuses
+            # every abort, an abort that timed out would be waited for without end. So it
+            # is called only when librdkafka holds no transaction and runs no call.
+            now = self._life.state
+            idle = now is State.READY or (
+                now in (State.NEW, State.RECOVERING) and not self._completion.init_started
+            )
             self._life.transition_to(State.CLOSED)
             if self._twophase is not None:
                 self._twophase.close()
-            self._io.release(keep_transaction_open=keep_open)
+            self._io.release(close_handle=idle and not keep_open)
             self._raise_callback_error(done)
 
     def __enter__(self) -> TransactionalProducer:

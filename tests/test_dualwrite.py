@@ -374,9 +374,9 @@ def test_kafka_commit_failing_after_the_database_commit_is_never_aborted(
         aborts.append(producer.state)
         abort(timeout)
 
-    def recording_release(*, keep_transaction_open: bool) -> None:
-        released.append(keep_transaction_open)
-        release(keep_transaction_open=keep_transaction_open)
+    def recording_release(*, close_handle: bool) -> None:
+        released.append(close_handle)
+        release(close_handle=close_handle)
 
     producer.abort_transaction = recording_abort  # type: ignore[method-assign]
     producer._io.release = recording_release  # type: ignore[method-assign]
@@ -393,7 +393,7 @@ def test_kafka_commit_failing_after_the_database_commit_is_never_aborted(
     with pytest.raises(TransactionInDoubtError), writer.transaction():
         pass
     assert aborts == []
-    assert released == [True]  # closed, transaction left open for recovery
+    assert released == [False]  # closed, handle not closed: transaction left open
     engine = create_engine(jdbc_to_sqlalchemy(database))
     try:
         assert _rows(engine, events) == ["decided"]

@@ -1,11 +1,14 @@
 """TransactionalProducer against what a user's code does around it: a delivery callback
 that raises while commit, abort or close serves it, and sends under way in other threads
-when commit or abort starts."""
+when commit or abort starts; close() after an init that timed out or a fatal error."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +18,9 @@ from kafka_txn import (
     CommitFailedException,
     IllegalStateError,
     ProduceFailedException,
+    ProducerFencedError,
     TransactionalProducer,
+    TransactionOutcomeUnknownError,
 )
 from tests.rig import Broker
 
@@ -100,6 +105,57 @@ def test_close_closes_when_a_callback_raises_during_its_abort(
     assert producer.state == "closed"
     producer.close()  # nothing left to raise
     assert _values(broker, topic, 0) == []
+
+
+# ---------------------------------------------------------------- close() stays quiet
+def _warnings_of(call: Callable[[], None]) -> list[str]:
+    """The warnings ``call`` emits, every one shown (``"always"``) so none is missed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+@pytest.mark.broker
+def test_close_after_an_init_that_timed_out_warns_nothing() -> None:
+    """init_transactions() against a loopback port nobody answers on times out while
+    librdkafka's init stays under way; close() then neither lets confluent-kafka's own
+    close() try an abort that librdkafka refuses ("Conflicting init_transactions API
+    call is already in progress", a RuntimeWarning), nor hangs."""
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    producer = TransactionalProducer(
+        {"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": uuid.uuid4().hex},
+        operation_timeout=1.0,
+    )
+    with pytest.raises(TransactionOutcomeUnknownError):
+        producer.init_transactions()
+    assert _warnings_of(producer.close) == []
+    assert producer.state == "closed"
+
+
+def test_close_of_a_fenced_producer_warns_nothing(
+    broker: Broker, producer_config: dict[str, Any]
+) -> None:
+    """A producer fenced mid-transaction is in a fatal state, where librdkafka refuses
+    every abort; close() warns nothing, and the newer producer's init aborted the fenced
+    one's transaction: nothing of it is visible."""
+    topic = broker.create_topic(partitions=1)
+    old = TransactionalProducer(producer_config)
+    old.init_transactions()
+    old.begin_transaction()
+    old.produce(topic, b"fenced")
+    old.flush()
+    with TransactionalProducer(producer_config) as new:
+        new.init_transactions()
+        with pytest.raises(ProducerFencedError):
+            old.produce(topic, b"fenced-2")
+            old.commit_transaction()
+        assert _warnings_of(old.close) == []
+        with new.transaction():
+            new.produce(topic, b"new")
+    assert _values(broker, topic, 1) == [b"new"]
 
 
 # ---------------------------------------------------------------- sends in other threads

@@ -409,3 +409,61 @@ def test_a_mark_racing_a_transaction_never_loses_the_new_state(
     assert str(last) in stored
     assert in_db == list(range(20))
     assert sorted(int(v) for _, v in broker.read_committed(topic, expected=20)) == in_db
+
+
+# ------------------------------------------------- the lock bound on MariaDB's pooled sessions
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "red team 2026-11-23: on MySQL/MariaDB the writer sets innodb_lock_wait_timeout "
+        "once per pooled connection and remembers it in the pool's connection info; a "
+        "body that sets its own session innodb_lock_wait_timeout (for its own long "
+        "statements, on tx.connection) leaves it on the pooled connection, and the next "
+        "transaction's wait for the state-row lock is bounded by that value, not by "
+        "lock_timeout (guarantee 4.9: every wait ends after lock_timeout with "
+        "TransactionAbortableError)"
+    ),
+)
+def test_a_body_changing_the_session_lock_wait_does_not_unbound_the_next_lock_wait(
+    broker: Broker, topic: str, producer_config: dict[str, Any], mariadb_jdbc: str
+) -> None:
+    state, rows = _names()
+    admin = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
+    _rows_table(rows).create(admin)
+    engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc), pool_size=1, max_overflow=1)
+    writer = DualWriter(producer_config, engine, state_table=state, lock_timeout=1.0)
+    holder = admin.connect()
+    released = threading.Event()
+    try:
+        writer.start()
+        with writer.transaction() as tx:
+            tx.connection.execute(text("SET SESSION innodb_lock_wait_timeout = 60"))
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+        holder.begin()
+        holder.execute(
+            text(f"SELECT 1 FROM {state} WHERE transactional_id = :t FOR UPDATE"),
+            {"t": producer_config["transactional.id"]},
+        )
+
+        def release_later() -> None:
+            # Well past lock_timeout: a writer bounded by it has given up by then; one
+            # that is not gets the lock and commits.
+            if not released.wait(15):
+                holder.rollback()
+
+        threading.Thread(target=release_later, daemon=True).start()
+        expected = pytest.raises(TransactionAbortableError, match="Nothing was written")
+        with expected, writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+            tx.produce(topic, b"2")
+    finally:
+        released.set()
+        holder.rollback()
+        holder.close()
+        writer.close()
+        engine.dispose()
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {rows}"))
+            conn.execute(text(f"DROP TABLE IF EXISTS {state}"))
+        admin.dispose()

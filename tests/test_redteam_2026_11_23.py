@@ -467,3 +467,56 @@ def test_a_body_changing_the_session_lock_wait_does_not_unbound_the_next_lock_wa
             conn.execute(text(f"DROP TABLE IF EXISTS {rows}"))
             conn.execute(text(f"DROP TABLE IF EXISTS {state}"))
         admin.dispose()
+
+
+# ------------------------------------------------------------------- start() retried
+def test_start_can_be_called_again_after_its_session_ended_between_settle_and_fence(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    """start() stores the settled state (its own commit), then takes the lock again for
+    the fence: a session ended in between (pg_terminate_backend from a second
+    connection) fails start() with SQLAlchemy's error, and start() called again on the
+    same writer settles, fences and works; Kafka holds each record once."""
+    state, rows, admin = pg_tables
+    app = f"rt-{uuid.uuid4().hex[:8]}"
+    engine = create_engine(
+        jdbc_to_sqlalchemy(postgres_jdbc), connect_args={"application_name": app}
+    )
+    first = _pg_writer(producer_config, engine, state, mark_completed_after=None)
+    first.start()
+    with first.transaction() as tx:
+        tx.connection.execute(insert(_rows_table(rows)).values(id=0))
+        tx.produce(topic, b"0")
+    first.close()
+
+    def end_session() -> None:
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = :app AND pid <> pg_backend_pid()"
+                ),
+                {"app": app},
+            )
+            conn.commit()
+        time.sleep(0.2)
+
+    writer = _pg_writer(producer_config, engine, state)
+    writer._after_settle = end_session
+    try:
+        with pytest.raises(DBAPIError) as raised:
+            writer.start()
+        assert not _is_driver_error(raised.value)
+        writer._after_settle = None
+        writer.start()
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+    finally:
+        writer.close()
+        engine.dispose()
+    with admin.connect() as conn:
+        in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+    assert in_db == [0, 1]
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [0, 1]
+    assert broker.open_partitions(topic) == {}

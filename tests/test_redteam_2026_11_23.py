@@ -520,3 +520,49 @@ def test_start_can_be_called_again_after_its_session_ended_between_settle_and_fe
     assert in_db == [0, 1]
     assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [0, 1]
     assert broker.open_partitions(topic) == {}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "red team 2026-11-23: on SQLite the writer sets PRAGMA busy_timeout once per "
+        "connection and remembers it in the pool's connection info; a body that sets its "
+        "own busy_timeout on tx.connection leaves it on the pooled connection, and the "
+        "next transaction's wait for the database lock is bounded by that value, not by "
+        "lock_timeout (guarantee 4.9)"
+    ),
+)
+def test_a_body_changing_the_busy_timeout_does_not_unbound_the_next_lock_wait_on_sqlite(
+    broker: Broker, topic: str, producer_config: dict[str, Any], tmp_path: Any
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "rt.sqlite"
+    _, rows = _names()
+    writer = DualWriter(producer_config, f"jdbc:sqlite:{path}", lock_timeout=1.0)
+    _rows_table(rows).create(writer.engine)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    released = threading.Event()
+    try:
+        writer.start()
+        with writer.transaction() as tx:
+            tx.connection.exec_driver_sql("PRAGMA busy_timeout = 60000")
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+        holder.execute("BEGIN IMMEDIATE")
+
+        def release_later() -> None:
+            if not released.wait(15):
+                holder.execute("ROLLBACK")
+
+        threading.Thread(target=release_later, daemon=True).start()
+        expected = pytest.raises(TransactionAbortableError, match="Nothing was written")
+        with expected, writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+            tx.produce(topic, b"2")
+    finally:
+        released.set()
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+        writer.close()

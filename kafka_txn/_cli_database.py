@@ -136,6 +136,31 @@ def open_database(
     return create_engine(target, connect_args=connect_args), url
 
 
+def mark_settled_statement(
+    engine: Engine, table: str, transactional_id: str, stored: str, completed: str
+) -> str:
+    """The SQL an operator runs to mark a transaction recovery could not settle as
+    settled by hand: what ``DualWriter.resolve()`` runs, a compare-and-set (``UPDATE ...
+    SET state = completed WHERE id = ... AND state = stored``) that changes nothing once
+    another writer has moved on, with the values quoted for ``engine``'s database."""
+    from sqlalchemy import String, column, update  # noqa: PLC0415 - an extra
+    from sqlalchemy import table as table_clause  # noqa: PLC0415
+
+    t = table_clause(table, column(ID_COLUMN, String()), column(STATE_COLUMN, String()))
+    statement = (
+        update(t)
+        .where(t.c[ID_COLUMN] == transactional_id, t.c[STATE_COLUMN] == stored)
+        .values({STATE_COLUMN: completed})
+    )
+    # The engine's dialect, but with a paramstyle that makes no placeholder of '%': with
+    # the drivers' own ("pyformat"), a literal's '%' would be written '%%', which a
+    # person pasting the statement into psql or mysql would not want.
+    dialect_class: Any = type(engine.dialect)
+    dialect = dialect_class(paramstyle="named")
+    compiled = statement.compile(dialect=dialect, compile_kwargs={"literal_binds": True})
+    return str(compiled).replace("\n", " ")
+
+
 def read_state_row(engine: Engine, url: URL, table: str, transactional_id: str) -> StoredRow | None:
     """The state row of ``transactional_id`` in ``table``, None if there is none. Raises
     DatabaseUnusableError for a database that cannot be reached or has no such table;

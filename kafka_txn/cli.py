@@ -43,6 +43,7 @@ from ._cli_database import (
     StoredRow,
     describe_database,
     explain,
+    mark_settled_statement,
     open_database,
     read_state_row,
     require_drivers,
@@ -64,6 +65,8 @@ from .errors import (
     ConfigurationError,
     KafkaTxnError,
     ProducerFencedError,
+    TransactionDivergedError,
+    TransactionOutcomeUnknowableError,
     TransactionOutcomeUnknownError,
     UnsupportedBrokerError,
 )
@@ -435,6 +438,8 @@ def _settle(
             "settled the stored transaction as the database decided, and fenced nobody "
             f"({exc.message})",
         ) from exc
+    except (TransactionDivergedError, TransactionOutcomeUnknowableError) as exc:
+        raise _CommandError(EXIT_FAILED, _unsettled(exc, engine, args.state_table)) from exc
     except TransactionOutcomeUnknownError as exc:
         raise _CommandError(
             EXIT_FAILED,
@@ -452,6 +457,61 @@ def _settle(
         raise
     except SQLAlchemyError as exc:
         raise _CommandError(EXIT_FAILED, explain(exc, engine.url)) from exc
+
+
+def _unsettled(
+    exc: TransactionDivergedError | TransactionOutcomeUnknowableError, engine: Engine, table: str
+) -> str:
+    """What recover says when recovery cannot settle the stored transaction: what Kafka
+    shows, what to check and do by hand, what not to do. The library's message tells a
+    program to call ``DualWriter.resolve()``; at a command line that step is the
+    compare-and-set UPDATE of the state row that ``resolve()`` runs, given in full."""
+    from .state import PreparedTxnState  # noqa: PLC0415 - pydantic, imported on demand
+
+    tid, stored, seen = exc.transactional_id, exc.stored_state, exc.observed
+    update = mark_settled_statement(
+        engine, table, tid, stored, str(PreparedTxnState(stored).mark_completed())
+    )
+    if not seen.get("found", True):
+        shown = "the coordinator no longer knows the id"
+    else:
+        shown = (
+            f"the coordinator shows state {seen.get('state')}, producer id "
+            f"{seen.get('producer_id')}, epoch {seen.get('producer_epoch')}, transaction "
+            f"started at {seen.get('transaction_start_time_ms')} ms"
+        )
+    dont = (
+        "Do not run force-terminate for this (it leaves the state row as it is), and do "
+        "not delete the state row or empty its state (the writer would go on without "
+        "those records). Until the row is updated, the writer's start() and recover "
+        "report the same"
+    )
+    if isinstance(exc, TransactionDivergedError):
+        return (
+            f"recover of {tid!r} cannot settle it: Kafka aborted the transaction that the "
+            f"database committed ({shown}; stored state {stored!r}). None of its records "
+            "is visible to read_committed consumers: sending them all again duplicates "
+            "none. By hand: 1. produce that database "
+            "transaction's records again (your application's re-send, or a producer of "
+            "your own); 2. only then mark the transaction settled in the state row, so "
+            f"that the writer can start: {update}; (it changes 1 row; 0 rows: another "
+            "writer moved on, run recover again). Do not update the row before the "
+            f"records are sent again: they would be lost. {dont}. Then remove the cause: a "
+            "transaction.timeout.ms shorter than a crash, restart and recovery take, or "
+            "two writers sharing the transactional id"
+        )
+    return (
+        f"recover of {tid!r} cannot settle it: whether Kafka committed the transaction "
+        f"that the database committed cannot be known ({shown}; stored state {stored!r}). "
+        "Do not send all its records again (some may be in the topic: duplicates) and do "
+        "not just mark it settled (some may be missing: lost). By hand: 1. read the "
+        "topics it wrote with a read_committed consumer (kafka-console-consumer.sh "
+        "--isolation-level read_committed) and find which of that database transaction's "
+        "records are there; 2. produce only the missing ones; 3. then mark the "
+        f"transaction settled in the state row, so that the writer can start: {update}; "
+        "(it changes 1 row; 0 rows: another writer moved on, run recover again). "
+        f"{dont}"
+    )
 
 
 def _reason(exc: KafkaTxnError) -> str:
@@ -624,7 +684,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Commit or abort the id's prepared Kafka transaction as the state "
         "row in the writers' database decided, like a DualWriter's start(). It never "
         "creates a database, a table or a state row: an id without a state row, or one "
-        "the coordinator does not know, exits with 4 and nothing done. " + _FENCES,
+        "the coordinator does not know, exits with 4 and nothing done. When recovery "
+        "cannot settle it (Kafka aborted it, or cannot tell), it exits with 1 and says what "
+        "to check and do by hand, with the UPDATE of the state row to run last. " + _FENCES,
         epilog=_EPILOG,
     )  # fmt: skip
     _kafka_options(p, fences=True)

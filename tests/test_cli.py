@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import socket
@@ -26,17 +27,23 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, insert, inspect, text
 
-from kafka_txn import ProducerFencedError, TransactionalProducer
+from kafka_txn import (
+    ProducerFencedError,
+    TransactionalProducer,
+    TransactionDivergedError,
+    TransactionOutcomeUnknowableError,
+)
 from kafka_txn._cli_database import open_database, read_state_row
 from kafka_txn._cli_terminal import Deadline
 from kafka_txn.cli import _CommandError, _kafka_settings, _parser, _settle, main
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.dualwrite import DualWriter
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
+from kafka_txn.recovery import TransactionOutcome
 from tests.certificates import make_certificates
 from tests.dualwrite_app import events_table
 from tests.secure_proxy import SecureProxy
-from tests.test_dualwrite import Scenario
+from tests.test_dualwrite import Scenario, _diverged
 
 ROOT = Path(__file__).resolve().parent.parent
 EXE = shutil.which("kafka-txn") or str(Path(sys.executable).parent / "kafka-txn")
@@ -449,6 +456,78 @@ def test_recover_settles_a_crashed_dual_write_once_confirmed(broker, capsys, jdb
     assert code == 0, err
     assert out.strip() == f"{s.txn_id}: committed"
     s.assert_equal_sides(4)
+
+
+def _execute(jdbc_url: str, statement: str) -> int:
+    """Run one SQL statement as an operator pasting it would; the rows it changed."""
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        with engine.begin() as conn:
+            return int(conn.exec_driver_sql(statement).rowcount)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("verdict", ["diverged", "unknowable"])
+def test_recover_that_cannot_settle_tells_a_command_line_user_what_to_do(
+    broker, capsys, jdbc_url, txn_id, verdict
+):
+    """The database committed a transaction that Kafka aborted (diverged: the writer's
+    own abort, as a coordinator timeout would) or whose fate Kafka forgot (unknowable: a
+    writer crashed after its database commit, then force-terminate moved the epoch on).
+    recover exits 1 with one line a command-line user can act on: no Python call (the
+    library's own advice is DualWriter.resolve()), what to check and do by hand and in
+    which order, the UPDATE of the state row to run, and what not to do. That UPDATE,
+    run as printed, lets the writer start again (it is the compare-and-set resolve()
+    runs: a second run changes nothing), and recover then finds nothing to commit."""
+    if verdict == "diverged":
+        topic, _, conf, _ = _diverged(broker, jdbc_url, txn_id)
+    else:
+        s = Scenario(broker, jdbc_url)
+        assert s.run("--batch", "0", "--crash-at", "after_db_commit").returncode == -9
+        topic, txn_id = s.topic, s.txn_id
+        conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    kafka = ["--bootstrap-servers", broker.bootstrap_servers, "--transactional-id", txn_id,
+             "--yes"]  # fmt: skip
+    if verdict == "unknowable":
+        code, _, err = _call(["force-terminate", *kafka], capsys)
+        assert code == 0, err
+    stored = _state_rows(jdbc_url)[txn_id][0]
+    recover = ["recover", *kafka, "--jdbc-url", jdbc_url]
+    code, out, err = _call(recover, capsys)
+    line = _one_line(err)
+    assert code == 1 and out == ""
+    assert "resolve()" not in line and "DualWriter" not in line
+    assert f"stored state {stored!r}" in line
+    assert "Do not run force-terminate" in line and "do not delete the state row" in line
+    if verdict == "diverged":
+        assert "Kafka aborted the transaction that the database committed" in line
+        assert "1. produce that database transaction's records again" in line
+        assert "Do not update the row before the records are sent again" in line
+    else:
+        assert "cannot be known" in line
+        assert "Do not send all its records again" in line and "not just mark it" in line
+        assert "--isolation-level read_committed" in line and "2. produce only the missing" in line
+    assert broker.read_committed(topic, expected=0, timeout=1) == []
+    match = re.search(r": (UPDATE .*?); \(it changes 1 row", line)
+    assert match is not None, line
+    writer = DualWriter(conf, jdbc_url)
+    try:
+        with pytest.raises((TransactionDivergedError, TransactionOutcomeUnknowableError)):
+            writer.start()  # the writer cannot start yet
+        assert _execute(jdbc_url, match[1]) == 1
+        assert _execute(jdbc_url, match[1]) == 0  # a compare-and-set: nothing twice
+    finally:
+        writer.close()
+    writer = DualWriter(conf, jdbc_url)
+    try:
+        assert writer.start() is TransactionOutcome.NOTHING_TO_COMMIT
+    finally:
+        writer.close()
+    code, out, err = _call(recover, capsys)
+    assert code == 0, err
+    assert out.strip() == f"{txn_id}: nothing_to_commit"
 
 
 @pytest.mark.broker

@@ -142,6 +142,21 @@ class MockCluster:
             self._cluster, int(api), len(codes), array
         )
 
+    def delay_replies(self, broker_id: int, api: ApiKey | int, ms: int, count: int = 1) -> None:
+        """Have broker ``broker_id`` hold its answers to its next ``count`` requests of
+        ``api`` for ``ms`` milliseconds each, then answer them without error: a slow
+        coordinator, or a reply still in flight when the client's call times out."""
+        pairs = [c for _ in range(count) for c in (ctypes.c_int(0), ctypes.c_int(ms))]
+        err = self._lib.rd_kafka_mock_broker_push_request_error_rtts(  # variadic
+            ctypes.c_void_p(self._cluster),
+            ctypes.c_int32(broker_id),
+            ctypes.c_int16(int(api)),
+            ctypes.c_size_t(count),
+            *pairs,
+        )
+        if err:
+            raise RuntimeError(f"rd_kafka_mock_broker_push_request_error_rtts failed: error {err}")
+
     def clear_request_errors(self, api: ApiKey | int) -> None:
         """Forget errors pushed for ``api`` that no request consumed yet."""
         self._lib.rd_kafka_mock_clear_request_errors(self._cluster, int(api))

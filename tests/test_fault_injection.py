@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import gc
 import random
+import re
+import subprocess
+import sys
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError
@@ -415,3 +419,65 @@ def test_every_retry_gets_the_floor_and_none_starts_with_less_left(
     mock_cluster.set_broker_down(1, down=False)
     p.commit_transaction(timeout=60)
     p.close()
+
+
+_HELD_END_TXN_APP = r"""
+import logging, sys, uuid
+from kafka_txn import TransactionalProducer, TransactionOutcomeUnknownError
+from kafka_txn.testing import ApiKey, MockCluster
+
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(name)s %(message)s")
+hold_ms, budget = int(sys.argv[1]), float(sys.argv[2])
+with MockCluster(brokers=1) as cluster:
+    cluster.create_topic("t", partitions=1)
+    txn_id = uuid.uuid4().hex
+    conf = {"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": txn_id,
+            "debug": "eos"}
+    p = TransactionalProducer(conf, operation_timeout=30)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("t", b"v", partition=0).result(timeout=10)
+    cluster.delay_replies(1, ApiKey.END_TXN, hold_ms)
+    outcome = "committed"
+    try:
+        p.commit_transaction(timeout=budget)
+    except TransactionOutcomeUnknownError as exc:
+        outcome = "unknown " + exc.operation
+    print(outcome, flush=True)
+    p.commit_transaction(timeout=30)  # resumed while the reply is still held
+    print("committed", p.state, flush=True)
+    p.close()
+"""
+
+
+def test_a_commit_whose_end_txn_reply_is_held_past_its_budget_is_resumed_safely():
+    """End to end, in a child process (librdkafka's assertion aborts the process): the
+    coordinator holds its EndTxn reply (2 s) past commit_transaction(timeout=0.5). The
+    call raises TransactionOutcomeUnknownError without a retry (less than the 1 s floor
+    is left), the process lives on when the reply arrives, and commit_transaction()
+    called again commits. The timeouts librdkafka is given are read from its own debug
+    log ("API timeout"): the first call's 0.5 s, then the resumed call's 30 s, and no
+    short retry in between. Before the floor a 1 ms retry followed the first call; when librdkafka's
+    main thread did not take up that resumed call within 1 ms, the call gave up its
+    claim on the commit, and the EndTxn reply then hit "BUG: Invalid transaction state
+    transition ... CommittingTransaction -> AbortedNotAcked" and abort(): a race, so
+    this test asserts the call that opens it rather than the crash."""
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.run(
+        [sys.executable, "-c", _HELD_END_TXN_APP, "2000", "0.5"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "BUG" not in child.stderr
+    assert child.stdout.splitlines() == ["unknown commit_transaction", "committed ready"]
+    timeouts = re.findall(
+        r"Transactional API called: commit_transaction \(.*?API timeout (-?\d+)\)", child.stderr
+    )
+    # The first call gets what is left of its 0.5 s, the resumed one of its 30 s (ms,
+    # rounded down): no call in between, none shorter than the floor after the first.
+    assert len(timeouts) == 2, timeouts
+    assert 0 < int(timeouts[0]) <= 500 and 1000 <= int(timeouts[1]) <= 30000, timeouts

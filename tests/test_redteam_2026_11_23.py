@@ -566,3 +566,48 @@ def test_a_body_changing_the_busy_timeout_does_not_unbound_the_next_lock_wait_on
             holder.execute("ROLLBACK")
         holder.close()
         writer.close()
+
+
+# ------------------------------------------------------------- the pipelined BEGIN's settings
+@pytest.mark.parametrize("how", ["create_engine", "execution_options"])
+@pytest.mark.parametrize("level", ["SERIALIZABLE", "REPEATABLE READ"])
+def test_the_pipelined_begin_keeps_the_engines_isolation_level(
+    broker: Broker,
+    topic: str,
+    producer_config: dict[str, Any],
+    pg_tables: Any,
+    postgres_jdbc: str,
+    how: str,
+    level: str,
+) -> None:
+    """docs/dual-write.md, Round trips: BEGIN, sent by the writer with the lock, carries
+    the connection's isolation level (as psycopg's own BEGIN would): the body's SQL runs
+    at the engine's level, whether it was given to create_engine() or through
+    execution_options() (as the Spark sink's isolationLevel option does), and the
+    transaction commits on both sides."""
+    state, rows, admin = pg_tables
+    url = jdbc_to_sqlalchemy(postgres_jdbc)
+    engine = (
+        create_engine(url, isolation_level=level)
+        if how == "create_engine"
+        else create_engine(url).execution_options(isolation_level=level)
+    )
+    writer = _pg_writer(producer_config, engine, state)
+    seen: list[str] = []
+    try:
+        writer.start()
+        for i in range(2):  # the second one on a pooled connection
+            with writer.transaction() as tx:
+                seen.append(
+                    tx.connection.execute(
+                        text("SELECT current_setting('transaction_isolation')")
+                    ).scalar_one()
+                )
+                tx.connection.execute(insert(_rows_table(rows)).values(id=i))
+                tx.produce(topic, str(i).encode())
+    finally:
+        writer.close()
+        engine.dispose()
+    assert seen == [level.lower()] * 2
+    assert _count(admin, rows) == 2
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [0, 1]

@@ -611,3 +611,49 @@ def test_the_pipelined_begin_keeps_the_engines_isolation_level(
     assert seen == [level.lower()] * 2
     assert _count(admin, rows) == 2
     assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [0, 1]
+
+
+# ------------------------------------------------ a body failing on a session already ended
+@pytest.mark.parametrize("pool_size", [1, 5])
+def test_a_body_failing_after_its_session_ended_rolls_back_both_and_the_writer_goes_on(
+    broker: Broker,
+    topic: str,
+    producer_config: dict[str, Any],
+    pg_tables: Any,
+    postgres_jdbc: str,
+    pool_size: int,
+) -> None:
+    """Guarantee 4.2 with the database session gone: the body's session is ended
+    (pg_terminate_backend from a second connection) and then the body raises, while the
+    last commit's completion mark is still pending (so the rollback stores it before
+    aborting Kafka). The body's exception is raised, nothing of the transaction is
+    visible on either side, and the same writer commits the next transaction; also on a
+    pool of one connection."""
+    state, rows, admin = pg_tables
+    engine = create_engine(
+        jdbc_to_sqlalchemy(postgres_jdbc), pool_size=pool_size, max_overflow=0, pool_timeout=5
+    )
+    writer = _pg_writer(producer_config, engine, state, mark_completed_after=None)
+    try:
+        writer.start()
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+        with pytest.raises(RuntimeError, match="body fails"), writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+            tx.produce(topic, b"2")
+            pid = tx.connection.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            _terminate(admin, pid)
+            time.sleep(0.2)
+            raise RuntimeError("body fails")
+        with writer.transaction() as tx:  # "the writer goes on"
+            tx.connection.execute(insert(_rows_table(rows)).values(id=3))
+            tx.produce(topic, b"3")
+    finally:
+        writer.close()
+        engine.dispose()
+    with admin.connect() as conn:
+        in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+    assert in_db == [1, 3]
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 3]
+    assert broker.open_partitions(topic) == {}

@@ -657,3 +657,60 @@ def test_a_body_failing_after_its_session_ended_rolls_back_both_and_the_writer_g
     assert in_db == [1, 3]
     assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 3]
     assert broker.open_partitions(topic) == {}
+
+
+# ------------------------------------- start() whose session ends while the coordinator is slow
+def test_start_whose_session_ends_during_a_slow_recovery_commits_once_when_called_again(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    """start() holds the state-row lock while recovery asks the coordinator. With the
+    coordinator slow (tests/kafka_proxy.py holding DescribeTransactions back) and
+    idle_in_transaction_session_timeout on the writer's connections, PostgreSQL ends the
+    session during recovery: start() raises SQLAlchemy's error, and start() called again
+    on the same writer settles the transaction a predecessor left prepared after its
+    database commit (4.13's interruption), exactly once on both sides; the writer then
+    works."""
+    from kafka_txn.errors import TransactionInDoubtError
+    from tests.kafka_proxy import ApiKey, KafkaProxy
+
+    state, rows, admin = pg_tables
+
+    def interrupt(step: str) -> None:
+        if step == "after_db_commit":
+            raise KeyboardInterrupt
+
+    first = _pg_writer(producer_config, postgres_jdbc, state, on_step=interrupt)
+    first.start()
+    with pytest.raises(KeyboardInterrupt), first.transaction() as tx:
+        tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+        tx.produce(topic, b"1")
+    with pytest.raises(TransactionInDoubtError):
+        first.transaction().__enter__()
+    first.close()  # leaves the prepared transaction open
+    assert broker.open_partitions(topic) != {}
+
+    engine = create_engine(
+        jdbc_to_sqlalchemy(postgres_jdbc),
+        connect_args={"options": "-c idle_in_transaction_session_timeout=500"},
+    )
+    with KafkaProxy(broker.bootstrap_servers) as proxy:
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        writer = _pg_writer(conf, engine, state)
+        try:
+            slow = proxy.delay(ApiKey.DESCRIBE_TRANSACTIONS, 1500, times=1)
+            with pytest.raises(DBAPIError) as raised:
+                writer.start()
+            assert slow.hits == 1
+            assert not _is_driver_error(raised.value)
+            writer.start()
+            with writer.transaction() as tx:
+                tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+                tx.produce(topic, b"2")
+        finally:
+            writer.close()
+            engine.dispose()
+    with admin.connect() as conn:
+        in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+    assert in_db == [1, 2]
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 2]
+    assert broker.open_partitions(topic) == {}

@@ -714,3 +714,67 @@ def test_start_whose_session_ends_during_a_slow_recovery_commits_once_when_calle
     assert in_db == [1, 2]
     assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 2]
     assert broker.open_partitions(topic) == {}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "red team 2026-11-23: when start()'s session ends while its fence "
+        "(init_transactions()) runs, init completes and start() raises SQLAlchemy's "
+        "error at its last COMMIT; start() again (and transaction(), which calls it) "
+        "then raises IllegalStateError 'init_transactions(keep_prepared_txn=True) not "
+        "allowed in state ready: init_transactions() was already called', a call the "
+        "DualWriter user never made: the writer is unusable and the advice does not say "
+        "to close it and start a new one (start()'s docstring: 'May be called again "
+        "after it raised ... it then starts over'). No data is at risk: a new writer "
+        "starts"
+    ),
+)
+def test_start_whose_session_ends_during_its_fence_can_be_called_again(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    """start() takes the state-row lock again for its fence (init_transactions()). With
+    the coordinator slow to answer that init (tests/kafka_proxy.py holding InitProducerId
+    back) and idle_in_transaction_session_timeout on the writer's connections,
+    PostgreSQL ends the session before start()'s last COMMIT: start() raises
+    SQLAlchemy's error, and start() called again on the same writer (4.8: "start() can
+    be retried") works, or refuses with advice that works; nothing is lost or
+    duplicated."""
+    from tests.kafka_proxy import ApiKey, KafkaProxy
+
+    state, rows, admin = pg_tables
+    first = _pg_writer(producer_config, postgres_jdbc, state)
+    first.start()
+    with first.transaction() as tx:
+        tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+        tx.produce(topic, b"1")
+    first.close()
+    engine = create_engine(
+        jdbc_to_sqlalchemy(postgres_jdbc),
+        connect_args={"options": "-c idle_in_transaction_session_timeout=500"},
+    )
+    with KafkaProxy(broker.bootstrap_servers) as proxy:
+        conf = {**producer_config, "bootstrap.servers": proxy.bootstrap_servers}
+        writer = _pg_writer(conf, engine, state)
+        slow: list[Any] = []
+        writer._after_settle = lambda: slow.append(
+            proxy.delay(ApiKey.INIT_PRODUCER_ID, 1500, times=1)
+        )
+        try:
+            with pytest.raises(DBAPIError) as raised:
+                writer.start()
+            assert slow[0].hits == 1
+            assert not _is_driver_error(raised.value)
+            writer._after_settle = None
+            writer.start()
+            with writer.transaction() as tx:
+                tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+                tx.produce(topic, b"2")
+        finally:
+            writer.close()
+            engine.dispose()
+    with admin.connect() as conn:
+        in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+    assert in_db == [1, 2]
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 2]
+    assert broker.open_partitions(topic) == {}

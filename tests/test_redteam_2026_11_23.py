@@ -778,3 +778,40 @@ def test_start_whose_session_ends_during_its_fence_can_be_called_again(
     assert in_db == [1, 2]
     assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 2]
     assert broker.open_partitions(topic) == {}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "red team 2026-11-23: on an Engine whose pool holds one connection, a lock wait "
+        "that runs out reads the row's owner for its message through engine.connect() "
+        "while the transaction's own connection is still checked out: it waits "
+        "pool_timeout on top of lock_timeout, and the TransactionAbortableError says "
+        "'the row's owner could not be read' instead of naming it (guarantee 4.9)"
+    ),
+)
+def test_a_lock_timeout_on_a_pool_of_one_connection_names_the_rows_owner(
+    broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
+) -> None:
+    state, _, admin = pg_tables
+    engine = create_engine(
+        jdbc_to_sqlalchemy(postgres_jdbc), pool_size=1, max_overflow=0, pool_timeout=2
+    )
+    writer = _pg_writer(producer_config, engine, state, lock_timeout=1.0)
+    holder = admin.connect()
+    try:
+        writer.start()
+        holder.begin()
+        holder.execute(
+            text(f"SELECT 1 FROM {state} WHERE transactional_id = :t FOR UPDATE"),
+            {"t": producer_config["transactional.id"]},
+        )
+        with pytest.raises(TransactionAbortableError) as raised, writer.transaction() as tx:
+            tx.produce(topic, b"1")
+    finally:
+        holder.rollback()
+        holder.close()
+        writer.close()
+        engine.dispose()
+    assert "could not be read" not in str(raised.value)
+    assert writer.owner in str(raised.value)

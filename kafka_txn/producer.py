@@ -28,6 +28,7 @@ from .delivery import Deliveries, DeliveryCallback
 from .errors import (
     CommitFailedException,
     ConfigurationError,
+    FatalError,
     IllegalStateError,
     KafkaTxnError,
 )
@@ -273,13 +274,41 @@ class TransactionalProducer:
             self._life.require("begin_transaction")
             self._io.drain()
             self._deliveries.reset()
-            if self._twophase is not None:
-                self._twophase.begin()
             try:
                 self._producer.begin_transaction()
             except KafkaException as exc:
                 raise self._io.on_call_error(exc, "begin_transaction") from exc
+            if self._twophase is not None:
+                # The start-time spacing wait comes after librdkafka's begin, which sends
+                # nothing (it hands a state change to librdkafka's main thread and waits
+                # for it), so that the wait covers that handoff; no record can go before
+                # the wait ends: produce(), send() and send_offsets_to_transaction() are
+                # refused until the state below changes.
+                try:
+                    self._twophase.begin()
+                except BaseException:
+                    self._undo_begin()
+                    raise
             self._life.transition_to(_IN_TXN)
+
+    def _undo_begin(self) -> None:
+        """The spacing wait was interrupted (a signal's exception) after librdkafka's
+        begin: abort librdkafka's transaction, which holds nothing (librdkafka then sends
+        nothing: no partition was registered), so that the producer is ready again."""
+        assert self._twophase is not None
+        self._twophase.identity.invalidate()  # read the producer id/epoch again, to be safe
+        try:
+            self._io.retrying("abort_transaction", self._producer.abort_transaction, None)
+        except KafkaTxnError as exc:
+            if self._life.fatal is None:  # librdkafka holds a transaction we cannot end
+                self._life.enter_fatal(
+                    FatalError(
+                        "begin_transaction() was interrupted, and the empty transaction "
+                        f"librdkafka had begun could not be aborted ({exc.message}): "
+                        "close this producer",
+                        kafka_error=exc.kafka_error or KafkaError(KafkaError._STATE),
+                    )
+                )
 
     def produce(
         self,

@@ -332,7 +332,9 @@ class TwoPhase:
             self._client = None
 
     def begin(self) -> None:
-        """A transaction begins: space it from the previous one, note when it began."""
+        """A transaction begins: space it from the previous one, note when it began.
+        Called by ``begin_transaction()`` after librdkafka's begin (which sends nothing)
+        and before any record may be sent, so that the wait covers librdkafka's part."""
         self.space_transactions()
         self.begun_at = time.monotonic()
 

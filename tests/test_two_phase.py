@@ -3,6 +3,9 @@ path), and the state machine around them."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from confluent_kafka import KafkaError
 
@@ -145,3 +148,82 @@ def test_recovering_state_allows_only_settling(broker, topic, producer_config):
         (None, b"kept open"),
         (None, b"next"),
     ]
+
+
+def test_no_record_goes_before_the_start_time_spacing_wait_ends(broker, topic, producer):
+    """begin_transaction() waits out the start-time spacing after librdkafka's own begin
+    (issue 13: the wait covers that handoff). Until the wait ends, produce() and send()
+    from another thread are refused: a record sent then could register the partition,
+    and so stamp the transaction's start time, within the previous one's millisecond."""
+    first = _committed_transaction(producer, topic, b"first")
+    twophase = producer._twophase
+    assert twophase is not None
+    # As if the previous transaction had started 0.3 s from now: begin waits ~0.3 s.
+    twophase.last_started_by = time.monotonic() + 0.3
+    refused: list[BaseException] = []
+    began = threading.Event()
+
+    def send_meanwhile() -> None:
+        began.wait(5)
+        time.sleep(0.1)  # begin_transaction() is in its wait now
+        for send in (producer.produce, producer.send):
+            try:
+                send(topic, b"too early")
+            except IllegalStateError as exc:
+                refused.append(exc)
+
+    other = threading.Thread(target=send_meanwhile)
+    other.start()
+    began.set()
+    start = time.monotonic()
+    producer.begin_transaction()
+    waited = time.monotonic() - start
+    other.join()
+    assert waited >= 0.3
+    assert len(refused) == 2, refused
+    second = _committed_transaction(producer, topic, b"second", begin=False)
+    assert second.txn_start_ms > first.txn_start_ms
+    assert sorted(broker.read_committed(topic, expected=2)) == [(None, b"first"), (None, b"second")]
+
+
+def test_an_interrupted_spacing_wait_leaves_the_producer_ready(
+    broker, topic, producer, monkeypatch
+):
+    """A signal's exception (KeyboardInterrupt, a timeout handler) raised during
+    begin_transaction()'s spacing wait, after librdkafka began its transaction: the
+    begin is undone (librdkafka's empty transaction aborted, nothing sent), the producer
+    is ready, and the next transaction commits."""
+    first = _committed_transaction(producer, topic, b"first")
+    twophase = producer._twophase
+    assert twophase is not None
+    twophase.last_started_by = time.monotonic() + 0.3
+
+    class Interrupted(BaseException):
+        pass
+
+    real_sleep = time.sleep
+
+    def interrupted_sleep(seconds: float) -> None:
+        monkeypatch.setattr(time, "sleep", real_sleep)
+        raise Interrupted
+
+    monkeypatch.setattr(time, "sleep", interrupted_sleep)
+    with pytest.raises(Interrupted):
+        producer.begin_transaction()
+    assert producer.state == "ready"
+    with pytest.raises(IllegalStateError):
+        producer.produce(topic, b"not in a transaction")
+    second = _committed_transaction(producer, topic, b"second")
+    assert second.txn_start_ms > first.txn_start_ms
+    assert sorted(broker.read_committed(topic, expected=2)) == [(None, b"first"), (None, b"second")]
+
+
+def _committed_transaction(
+    producer: TransactionalProducer, topic: str, value: bytes, *, begin: bool = True
+) -> PreparedTxnState:
+    if begin:
+        producer.begin_transaction()
+    producer.produce(topic, value)
+    state = producer.prepare_transaction()
+    assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
+    return state

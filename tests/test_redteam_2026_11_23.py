@@ -815,3 +815,50 @@ def test_a_lock_timeout_on_a_pool_of_one_connection_names_the_rows_owner(
         engine.dispose()
     assert "could not be read" not in str(raised.value)
     assert writer.owner in str(raised.value)
+
+
+@pytest.mark.parametrize("pool_size", [1, 5])
+def test_a_body_failing_after_its_mariadb_session_was_killed_rolls_back_both_and_goes_on(
+    broker: Broker, topic: str, producer_config: dict[str, Any], mariadb_jdbc: str, pool_size: int
+) -> None:
+    """Guarantee 4.2 on MariaDB with the session gone (KILL from a second connection)
+    before the body raises, the last commit's completion mark pending: the body's
+    exception is raised, nothing of the transaction is visible on either side, and the
+    same writer commits the next transaction; also on a pool of one connection."""
+    state, rows = _names()
+    admin = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
+    _rows_table(rows).create(admin)
+    engine = create_engine(
+        jdbc_to_sqlalchemy(mariadb_jdbc), pool_size=pool_size, max_overflow=0, pool_timeout=5
+    )
+    writer = DualWriter(producer_config, engine, state_table=state, mark_completed_after=None)
+    try:
+        writer.start()
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=1))
+            tx.produce(topic, b"1")
+        with pytest.raises(RuntimeError, match="body fails"), writer.transaction() as tx:
+            tx.connection.execute(insert(_rows_table(rows)).values(id=2))
+            tx.produce(topic, b"2")
+            session = tx.connection.execute(text("SELECT CONNECTION_ID()")).scalar_one()
+            with admin.connect() as conn:
+                conn.execute(text(f"KILL {int(session)}"))
+            time.sleep(0.2)
+            raise RuntimeError("body fails")
+        with writer.transaction() as tx:  # "the writer goes on"
+            tx.connection.execute(insert(_rows_table(rows)).values(id=3))
+            tx.produce(topic, b"3")
+    finally:
+        writer.close()
+        engine.dispose()
+        try:
+            with admin.connect() as conn:
+                in_db = sorted(r[0] for r in conn.execute(text(f"SELECT id FROM {rows}")))
+            with admin.begin() as conn:
+                conn.execute(text(f"DROP TABLE IF EXISTS {rows}"))
+                conn.execute(text(f"DROP TABLE IF EXISTS {state}"))
+        finally:
+            admin.dispose()
+    assert in_db == [1, 3]
+    assert sorted(int(v) for _, v in broker.read_committed(topic, expected=2)) == [1, 3]
+    assert broker.open_partitions(topic) == {}

@@ -10,9 +10,10 @@ callback's exception stashed meanwhile (``TransactionalProducer._raise_callback_
 
 from __future__ import annotations
 
+import logging
 import time
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from ._librdkafka import Driver
 from .delivery import Deliveries
@@ -25,7 +26,14 @@ from .lifecycle import Lifecycle, State
 from .metrics import MetricsHook, timed
 from .twophase import TwoPhase, prepare_failed
 
-__all__ = ["Completion"]
+__all__ = ["ABORT_AFTER_FATAL", "Completion"]
+
+log = logging.getLogger("kafka_txn.producer")
+
+ABORT_AFTER_FATAL = frozenset({State.IN_TRANSACTION, State.ABORTABLE, State.ABORTING})
+"""States in which a fatal error leaves a transaction that close() may abort: open, and
+never sent to commit (COMMITTING: the coordinator may have committed it) nor prepared
+(PREPARING, PREPARED, IN_DOUBT: a decider may commit it)."""
 
 
 _PADDING = 8
@@ -153,6 +161,28 @@ class Completion:
             if self._twophase is not None:
                 self._twophase.prepared = None
                 self._twophase.identity.invalidate()  # abort may have bumped the epoch
+
+    def abort_after_fatal(self, timeout: float | None) -> bool:
+        """close() of a producer that a fatal error hit while its transaction was open
+        and neither committing nor prepared (``ABORT_AFTER_FATAL``): librdkafka's
+        abort_transaction(), bounded by ``timeout``. The library calls some errors fatal
+        that librdkafka only calls abortable (KIP-691: the group refusing the offsets,
+        ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID; authorization), and then librdkafka
+        can still abort: at once, rather than the coordinator after
+        transaction.timeout.ms, which until then holds read_committed readers back at
+        that transaction. Where librdkafka is fatal too (fenced), it refuses at once.
+        True if it aborted."""
+        try:
+            self._io.retrying("abort_transaction", self._io.producer.abort_transaction, timeout)
+        except KafkaException as exc:
+            log.info(
+                "close(): the open transaction of %r was not aborted (%s): the coordinator "
+                "aborts it after transaction.timeout.ms, or the id's next "
+                "init_transactions() at once", self._io.transactional_id, exc,
+            )  # fmt: skip
+            return False
+        self._deliveries.reset()
+        return True
 
     def _settle_kept_transaction(self, commit: bool, timeout: float | None) -> None:
         """commit_transaction()/abort_transaction() right after

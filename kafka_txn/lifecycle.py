@@ -139,13 +139,16 @@ class Lifecycle:
     along ``TRANSITIONS``. Pure: no I/O, and no lock of its own (the producer's
     transactional calls hold the producer's lock)."""
 
-    __slots__ = ("_name", "abortable", "fatal", "state")
+    __slots__ = ("_name", "abortable", "fatal", "fatal_from", "state")
 
     def __init__(self, name: str) -> None:
         self._name = name
         self.state = S.NEW
         self.fatal: FatalError | None = None
         """The error that made the producer unusable; every later call raises it."""
+        self.fatal_from: State | None = None
+        """The state the producer was in when that error came (close() decides by it
+        whether the open transaction may be aborted)."""
         self.abortable: KafkaTxnError | None = None
         """Why the open transaction cannot commit (reset by a successful abort)."""
 
@@ -165,6 +168,7 @@ class Lifecycle:
         """The producer is unusable; the first fatal error is the one every call raises."""
         if self.fatal is None:
             self.fatal = exc
+            self.fatal_from = self.state
             log.error(
                 "producer %r is now unusable: %s", self._name, exc,
                 extra={"transactional_id": self._name, "error_code": exc.kafka_error.name()},

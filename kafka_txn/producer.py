@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.serialization import SerializationContext
 
-from ._completion import Completion
+from ._completion import ABORT_AFTER_FATAL, Completion
 from ._librdkafka import Driver
 from .config import ProducerSettings, ValidatedConfig, user_key_for, validate_config
 from .delivery import Deliveries, DeliveryCallback
@@ -537,11 +537,14 @@ class TransactionalProducer:
         return self._io.flush(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Release the producer. An open transaction is aborted (best effort: if that
-        fails, the broker aborts it at ``transaction.timeout.ms`` or when the
-        transactional.id is next initialised), except a prepared or in-doubt one, which
-        is left open for its decider or recovery, and one whose commit's outcome is
-        unknown, which is never aborted blindly. Safe to call more than once."""
+        """Release the producer. An open transaction is aborted within ``timeout``, also
+        after a fatal error that came before its commit (such as the group refusing its
+        offsets: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID), where librdkafka can still abort
+        it (best effort: if that fails, the broker aborts it at
+        ``transaction.timeout.ms`` or when the transactional.id is next initialised),
+        except a prepared or in-doubt one, which is left open for its decider or
+        recovery, and one whose commit's outcome is unknown, which is never aborted
+        blindly. Safe to call more than once."""
         self._close(timeout)
 
     def _close(self, timeout: float = 10.0, *, abort_open: bool = True) -> None:
@@ -566,6 +569,14 @@ class TransactionalProducer:
                     done = "close() aborted the open transaction and closed the producer"
                 except KafkaTxnError as exc:
                     log.warning("close(): abort of the open transaction failed: %s", exc)
+            aborted_after_fatal = (
+                state is State.FATAL
+                and abort_open
+                and self._life.fatal_from in ABORT_AFTER_FATAL
+                and self._completion.abort_after_fatal(timeout)
+            )
+            if aborted_after_fatal:
+                done = "close() aborted the open transaction and closed the producer"
             # A commit whose outcome is unknown (COMMITTING) may already be decided by the
             # coordinator: confluent-kafka's close() would try to abort it (librdkafka
             # refuses: "Conflicting commit_transaction API call is already in progress").
@@ -581,8 +592,10 @@ class TransactionalProducer:
             # every abort, an abort that timed out would be waited for without end. So it
             # is called only when librdkafka holds no transaction and runs no call.
             now = self._life.state
-            idle = now is State.READY or (
-                now in (State.NEW, State.RECOVERING) and not self._completion.init_started
+            idle = (
+                now is State.READY
+                or aborted_after_fatal
+                or (now in (State.NEW, State.RECOVERING) and not self._completion.init_started)
             )
             self._life.transition_to(State.CLOSED)
             if self._twophase is not None:

@@ -1,12 +1,15 @@
 """The exactly-once processor on the broker: poison records, rejected outputs, fencing,
-rebalances, the offset reset; on the mock cluster: delivery failures, abort before
-rewind, commits whose outcome is unknown."""
+rebalances, the offset reset, the group refusing a zombie's offsets (through the Kafka
+proxy); on the mock cluster: delivery failures, abort before rewind, commits whose
+outcome is unknown."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter
 
 import pytest
@@ -17,6 +20,7 @@ from confluent_kafka.admin import NewTopic
 from kafka_txn import FatalError, TransactionalProducer, TransactionOutcomeUnknownError
 from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from kafka_txn.testing import ApiKey, MockCluster
+from tests.kafka_proxy import KafkaProxy
 
 pytestmark = pytest.mark.broker
 
@@ -154,6 +158,140 @@ def test_fenced_producer_stops_the_loop(broker):
     assert not worker.is_alive()
     assert isinstance(outcome[0], FatalError), outcome
     assert broker.read_committed(sink, expected=1) == [(None, b"first")]
+
+
+# A transaction timeout no test waits out: a transaction still open after the fatal error
+# was not aborted by close(), whatever the coordinator does later.
+_LONG_TXN_TIMEOUT_MS = 180_000
+
+
+def _open_partitions_after_close(broker, topic: str) -> dict[int, tuple[int, int]]:
+    """The partitions of ``topic`` a transaction still holds open, once the abort's
+    markers had a moment to land (Apache Kafka writes them after EndTxn's answer): empty
+    within seconds if close() aborted, for transaction.timeout.ms if it did not."""
+    deadline = time.monotonic() + 20
+    while (open_ := broker.open_partitions(topic)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return open_
+
+
+@pytest.mark.parametrize("code", ["ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID"])
+def test_close_aborts_a_transaction_whose_offsets_the_group_refused(broker, txn_id, code):
+    """The group refuses the transaction's offsets (the member's generation moved on, or
+    it left the group): KIP-691 makes that fatal, but librdkafka can still abort. close()
+    aborts at once, without warnings, rather than leaving the transaction to the
+    coordinator's timeout, which holds read_committed readers of the output back until
+    then. Nothing is lost (the offsets did not commit: the input is read again) and
+    nothing duplicated (the output is aborted)."""
+    source, sink = broker.create_topic(1), broker.create_topic(1)
+    _seed(broker, source, [b"in"])
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
+                         "enable.auto.commit": False})  # fmt: skip
+    with contextlib.closing(consumer), KafkaProxy(broker.bootstrap_servers) as proxy:
+        producer = TransactionalProducer(
+            {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id,
+             "transaction.timeout.ms": _LONG_TXN_TIMEOUT_MS},
+        )  # fmt: skip
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(sink, b"out", partition=0)
+        producer.flush()
+        refused = proxy.fail(ApiKey.TXN_OFFSET_COMMIT, getattr(KafkaError, code), times=1)
+        with pytest.raises(FatalError, match=code):
+            producer.send_offsets_to_transaction(
+                [TopicPartition(source, 0, 1)], consumer.consumer_group_metadata()
+            )
+        assert refused.hits == 1
+        assert broker.open_partitions(sink)  # the output's transaction is open
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            producer.close()
+        assert [str(w.message) for w in caught] == []
+        assert proxy.count(ApiKey.END_TXN) == 1  # close() sent the abort
+    assert _open_partitions_after_close(broker, sink) == {}
+    assert broker.read_committed(sink, expected=0) == []
+    assert _committed(broker, group, source, 1) == {0: -1001}  # OFFSET_INVALID: none
+
+
+def test_close_after_the_group_refused_the_offsets_is_bounded_when_the_abort_hangs(broker, txn_id):
+    """The same fatal refusal, then a coordinator that keeps answering the abort's EndTxn
+    with a retriable error: close(timeout) gives up within its timeout (confluent-kafka's
+    own close() would wait for that abort without end) and warns nothing; the transaction
+    is left to librdkafka, which goes on with the abort once the coordinator answers."""
+    source, sink = broker.create_topic(1), broker.create_topic(1)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers,
+                         "group.id": f"g-{uuid.uuid4().hex[:8]}"})  # fmt: skip
+    with contextlib.closing(consumer), KafkaProxy(broker.bootstrap_servers) as proxy:
+        producer = TransactionalProducer(
+            {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id,
+             "transaction.timeout.ms": _LONG_TXN_TIMEOUT_MS},
+        )  # fmt: skip
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(sink, b"out", partition=0)
+        producer.flush()
+        proxy.fail(ApiKey.TXN_OFFSET_COMMIT, KafkaError.ILLEGAL_GENERATION, times=1)
+        with pytest.raises(FatalError):
+            producer.send_offsets_to_transaction(
+                [TopicPartition(source, 0, 1)], consumer.consumer_group_metadata()
+            )
+        busy = proxy.fail(ApiKey.END_TXN, KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+        caught: list[warnings.WarningMessage] = []
+
+        def close() -> None:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                producer.close(timeout=2)
+            caught.extend(seen)
+
+        closing = threading.Thread(target=close)
+        closing.start()
+        try:
+            closing.join(60)  # a bound for a hang, not a timing check: 2 s are asked for
+            assert not closing.is_alive(), "close(timeout=2) did not return"
+            assert busy.hits >= 1 and [str(w.message) for w in caught] == []
+            assert producer.state == "closed"
+        finally:
+            proxy.remove(busy)
+            closing.join(60)
+        assert _open_partitions_after_close(broker, sink) == {}
+    assert broker.read_committed(sink, expected=0) == []
+
+
+def test_processor_whose_offsets_the_group_refused_stops_and_its_successor_loses_nothing(broker):
+    """run() stops with FatalError when the group refuses its offsets (a member removed
+    while it worked); its close() aborts the transaction at once, so read_committed
+    readers of the output are not held back until transaction.timeout.ms and the group
+    has no pending offsets. The next member of the group (its own transactional id)
+    reads every input again and outputs each once, seen by an independent read_committed
+    consumer (kafka-python)."""
+    source, sink = broker.create_topic(1), broker.create_topic(1)
+    values = [b"a", b"b", b"c"]
+    _seed(broker, source, values)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    with KafkaProxy(broker.bootstrap_servers) as proxy:
+        refused = proxy.fail(ApiKey.TXN_OFFSET_COMMIT, KafkaError.ILLEGAL_GENERATION, times=1)
+        zombie = ExactlyOnceProcessor(
+            {"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
+             "session.timeout.ms": 6000},
+            {"bootstrap.servers": proxy.bootstrap_servers,
+             "transactional.id": f"eos-{uuid.uuid4().hex[:8]}",
+             "transaction.timeout.ms": _LONG_TXN_TIMEOUT_MS},
+            [source], lambda r: [(sink, r.value())], batch_size=25,
+        )  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(FatalError, match="ILLEGAL_GENERATION"):
+                zombie.run(idle_timeout=60)
+        assert [str(w.message) for w in caught] == []
+        assert refused.hits == 1
+    assert _open_partitions_after_close(broker, sink) == {}
+    assert broker.read_committed(sink, expected=0) == []
+    assert _committed(broker, group, source, 1) == {0: -1001}
+    successor = _processor(broker, source, sink, group, lambda r: [(sink, r.value())])
+    successor.run(idle_timeout=3)
+    assert sorted(v for _, v in broker.read_committed(sink, expected=3)) == values
 
 
 def _capture(fn):

@@ -212,6 +212,36 @@ def _is_lock_timeout(exc: DBAPIError) -> bool:
     return bool(args) and args[0] == 1205
 
 
+def _is_cancelled(exc: DBAPIError) -> bool:
+    """The database cancelled the statement: PostgreSQL's query_canceled (57014: the
+    session's ``statement_timeout``, or ``pg_cancel_backend``), MariaDB's
+    ER_STATEMENT_TIMEOUT (1969, ``max_statement_time``), MySQL's ER_QUERY_TIMEOUT (3024,
+    ``max_execution_time``). On a lock statement that means the wait ended before the
+    lock was taken: nothing was written."""
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "57014":
+        return True
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return bool(args) and args[0] in (1969, 3024)
+
+
+def _in_transaction(conn: Connection) -> bool | None:
+    """Whether ``conn``'s statements run in a transaction, as the driver last heard (no
+    round trip), asked after a statement that takes a lock: psycopg's transaction
+    status (a statement run in autocommit mode leaves it IDLE); PyMySQL's
+    SERVER_STATUS_AUTOCOMMIT flag (SERVER_STATUS_IN_TRANS is not reported after a
+    locking read); sqlite3's ``in_transaction``; None for a driver that does not say."""
+    driver = conn.connection.driver_connection
+    status = getattr(getattr(driver, "info", None), "transaction_status", None)
+    if status is not None:  # psycopg 3 (an enum), psycopg2 (an int: 0 is IDLE)
+        return int(status) != 0
+    server_status = getattr(driver, "server_status", None)
+    if isinstance(server_status, int):  # PyMySQL: the last OK/EOF packet's status flags
+        return not server_status & 2  # SERVER_STATUS_AUTOCOMMIT
+    in_transaction = getattr(driver, "in_transaction", None)
+    return in_transaction if isinstance(in_transaction, bool) else None
+
+
 class _Row(NamedTuple):
     state: str
     owner: str | None
@@ -242,7 +272,10 @@ class _CompletionMarks:
     so it never overwrites a newer state, and running it twice is harmless."""
 
     def __init__(
-        self, write: Callable[[PreparedTxnState], object], delay: float | None, name: str
+        self,
+        write: Callable[[PreparedTxnState, Connection | None], object],
+        delay: float | None,
+        name: str,
     ) -> None:
         self._write = write
         self._delay = delay
@@ -293,11 +326,13 @@ class _CompletionMarks:
             elif self._pending is not None and self._idle:
                 self._cond.notify()
 
-    def flush(self) -> bool:
-        """Store the pending mark now; False if that failed (logged)."""
+    def flush(self, conn: Connection | None = None) -> bool:
+        """Store the pending mark now (through ``conn``, idle, if given: a rollback
+        must not wait for a second connection from a pool of one); False if that failed
+        (logged)."""
         with self._cond:
             state = self._pending
-        return state is None or self._store(state)
+        return state is None or self._store(state, conn)
 
     def close(self) -> bool:
         """Stop the background thread, then flush; False if the mark could not be
@@ -310,9 +345,9 @@ class _CompletionMarks:
             thread.join(timeout=1.0)
         return self.flush()
 
-    def _store(self, state: PreparedTxnState) -> bool:
+    def _store(self, state: PreparedTxnState, conn: Connection | None = None) -> bool:
         try:
-            self._write(state)
+            self._write(state, conn)
         except (SQLAlchemyError, KafkaTxnError) as exc:
             with self._cond:
                 self._failures += 1
@@ -390,6 +425,8 @@ class _StateRow:
         c = self.table.c
         self._id, self._state = c[id_column], c[state_column]
         self._updated, self._owner = c[updated_column], c[owner_column]
+        self._mariadb_lock: Any = None
+        """The lock statement on MariaDB, with its own lock waits (``_lock_mysql``)."""
         self._build_statements()
 
     def ensure(self, create: bool) -> None:
@@ -462,17 +499,21 @@ class _StateRow:
         try:
             add_column_if_missing(self.engine, self.table, self._owner, session=bounded)
         except DBAPIError as exc:
-            if _is_lock_timeout(exc):
-                raise self._lock_timed_out("start() adding the owner column") from exc
+            if _is_lock_timeout(exc) or _is_cancelled(exc):
+                raise self._lock_timed_out(
+                    "start() adding the owner column", cancelled=not _is_lock_timeout(exc)
+                ) from exc
             raise
 
     def _ensure_row(self) -> None:
         try:
             with self.engine.begin() as conn:
                 row = conn.execute(select(self._id).where(self._id == self.transactional_id))
+                if self.dialect != "sqlite":  # sqlite3 begins only before a write
+                    self._require_transaction(conn)
                 if row.first():
                     return
-                self._bound_lock_wait(conn)
+                self._bound_lock_wait(conn, fresh=True)
                 try:
                     with conn.begin_nested():
                         conn.execute(
@@ -484,8 +525,10 @@ class _StateRow:
                 except IntegrityError:
                     pass  # another instance inserted it first
         except DBAPIError as exc:
-            if _is_lock_timeout(exc):
-                raise self._lock_timed_out("start() creating the state row") from exc
+            if _is_lock_timeout(exc) or _is_cancelled(exc):
+                raise self._lock_timed_out(
+                    "start() creating the state row", cancelled=not _is_lock_timeout(exc)
+                ) from exc
             raise
 
     def lock(self, conn: Connection, decision: Decision | None = None) -> _Row:
@@ -495,25 +538,69 @@ class _StateRow:
         lock goes with the BEGIN (one round trip on PostgreSQL with psycopg 3)."""
         params = self._lock_params()
         try:
-            if self.dialect != "postgresql":
-                self._bound_lock_wait(conn)
             if self.dialect == "sqlite":
+                self._bound_lock_wait(conn)
                 conn.execute(self._lock_statement, params)
                 row = conn.execute(self._select_row, params).first()
+            elif self.dialect != "postgresql":
+                row = self._lock_mysql(conn, params)
             elif decision is not None:
                 row = decision.lock(self._lock_statement, params)
             else:
                 row = conn.execute(self._lock_statement, params).first()
         except DBAPIError as exc:
-            if _is_lock_timeout(exc):
-                raise self._lock_timed_out("the state-row lock") from exc
+            if _is_lock_timeout(exc) or _is_cancelled(exc):
+                raise self._lock_timed_out(
+                    "the state-row lock", cancelled=not _is_lock_timeout(exc), conn=conn
+                ) from exc
             raise
+        self._require_transaction(conn)
         if row is None:
             raise ConfigurationError(
                 f"state row for {self.transactional_id!r} is missing from "
                 f"{self.table.name}: call start() (or create it) first"
             )
         return _Row(str(row[0]), row[1], row[2])
+
+    def _lock_mysql(self, conn: Connection, params: dict[str, Any]) -> Any:
+        """The lock on MySQL/MariaDB, its wait bounded by ``lock_timeout`` whatever the
+        session's own setting: the transaction's SQL (the body's included) by the session
+        setting, once per pooled connection, and the lock statement by its own: on
+        MariaDB ``SET STATEMENT ... FOR`` (no round trip), on MySQL, which cannot set
+        ``innodb_lock_wait_timeout`` for one statement (SET_VAR does not take it), the
+        session setting again. A body may have changed the session's setting, which
+        stays on the pooled connection."""
+        if self.lock_timeout is None:
+            return conn.execute(self._lock_statement, params).first()
+        if not conn.dialect.is_mariadb:  # type: ignore[attr-defined]
+            self._bound_lock_wait(conn, fresh=True)
+            return conn.execute(self._lock_statement, params).first()
+        self._bound_lock_wait(conn)
+        if self._mariadb_lock is None:
+            seconds = max(1, math.ceil(self.lock_timeout))
+            q = conn.dialect.identifier_preparer.quote  # names validated at construction
+            self._mariadb_lock = text(
+                f"SET STATEMENT innodb_lock_wait_timeout={seconds}, "
+                f"lock_wait_timeout={seconds} FOR SELECT {q(self._state.name)}, "
+                f"{q(self._owner.name)}, {q(self._updated.name)} FROM {q(self.table.name)} "
+                f"WHERE {q(self._id.name)} = :tid FOR UPDATE"
+            )
+        return conn.execute(self._mariadb_lock, params).first()
+
+    def _require_transaction(self, conn: Connection) -> None:
+        """Refuse a connection in autocommit mode: each statement would commit on its
+        own, so the state-row lock would not be held and the body's rows would stay
+        committed when Kafka aborts."""
+        if _in_transaction(conn) is False:
+            raise ConfigurationError(
+                f"the database connection of the DualWriter for {self.transactional_id!r} "
+                "is in autocommit mode (isolation_level='AUTOCOMMIT' on the engine or "
+                "connection, or the driver's autocommit switched on): every statement "
+                "would commit on its own, so the state row would not stay locked and your "
+                "rows would stay in the database if Kafka aborts. Nothing was written. "
+                "Pass an engine with transactions, e.g. "
+                "engine.execution_options(isolation_level='READ COMMITTED')"
+            )
 
     def settle(self, conn: Connection, state: PreparedTxnState) -> None:
         """start(): store the settled state and this writer as the row's owner."""
@@ -532,30 +619,38 @@ class _StateRow:
         (queued, on PostgreSQL, to go with the COMMIT)."""
         decision.execute(self._write_statement, {"tid": self.transactional_id, "state": str(state)})
 
-    def store_completed(self, state: PreparedTxnState) -> bool:
+    def store_completed(self, state: PreparedTxnState, conn: Connection | None = None) -> bool:
         """``UPDATE ... SET state = state.mark_completed() WHERE state = state``: a
-        compare-and-set that never overwrites a newer state. True if it wrote."""
-        with self.engine.connect() as conn:
-            conn.begin()
-            try:
-                self._bound_lock_wait(conn)
-                result = conn.execute(
-                    self._mark_statement,
-                    {"tid": self.transactional_id, "committed": str(state),
-                     "completed": str(state.mark_completed())},
-                )  # fmt: skip
-                conn.commit()
-            except DBAPIError:
-                conn.rollback()
-                raise
+        compare-and-set that never overwrites a newer state, in a transaction of its own
+        on ``conn`` (idle) or on a connection of the pool. True if it wrote."""
+        if conn is None:
+            with self.engine.connect() as own:
+                return self.store_completed(state, own)
+        conn.begin()
+        try:
+            self._bound_lock_wait(conn, fresh=True)
+            result = conn.execute(
+                self._mark_statement,
+                {"tid": self.transactional_id, "committed": str(state),
+                 "completed": str(state.mark_completed())},
+            )  # fmt: skip
+            conn.commit()
+        except DBAPIError:
+            conn.rollback()
+            raise
         return result.rowcount == 1
 
-    def read_unlocked(self) -> _Row | None:
+    def read_unlocked(self, conn: Connection | None = None) -> _Row | None:
         """The state row as last committed, read without waiting for its lock (MVCC on
-        PostgreSQL and MariaDB; SQLite readers share the file with a RESERVED lock)."""
+        PostgreSQL and MariaDB; SQLite readers share the file with a RESERVED lock), on
+        ``conn`` (whose transaction this rolls back) or on a connection of the pool."""
         try:
-            with self.engine.connect() as conn:
-                row = conn.execute(self._select_row, {"tid": self.transactional_id}).first()
+            if conn is None:
+                with self.engine.connect() as own:
+                    return self.read_unlocked(own)
+            conn.rollback()
+            row = conn.execute(self._select_row, {"tid": self.transactional_id}).first()
+            conn.rollback()
         except SQLAlchemyError as exc:
             log.debug("could not read the state row without its lock: %s", exc)
             return None
@@ -567,14 +662,14 @@ class _StateRow:
             params["lock_ms"] = str(max(1, math.ceil(self.lock_timeout * 1000)))
         return params
 
-    def _bound_lock_wait(self, conn: Connection) -> None:
+    def _bound_lock_wait(self, conn: Connection, *, fresh: bool = False) -> None:
         """Bound the lock waits of ``conn``'s transaction by ``lock_timeout``, where the
         lock statement does not do it itself: PostgreSQL ``SET LOCAL lock_timeout``;
         MySQL/MariaDB ``SET SESSION`` both ``innodb_lock_wait_timeout`` (row locks) and
         ``lock_wait_timeout`` (metadata locks: a table locked by ``LOCK TABLES`` or an
         ``ALTER TABLE``, whose default wait is a year on MySQL, a day on MariaDB), whole
-        seconds, at least 1, once per pooled connection; SQLite's busy timeout (once per
-        connection)."""
+        seconds, at least 1, once per pooled connection unless ``fresh`` (a body may
+        have set its own since); SQLite's busy timeout, every time (in-process)."""
         timeout = self.lock_timeout
         if timeout is None:
             return
@@ -582,22 +677,27 @@ class _StateRow:
         if self.dialect == "postgresql":
             conn.execute(text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": str(ms)})
             return
-        if conn.info.get("kafka_txn.lock_timeout") == ms:
-            return
-        if self.dialect == "sqlite":
+        if self.dialect == "sqlite":  # in-process, no round trip: every time
             conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(ms)}")
-        else:
-            conn.execute(
-                text("SET SESSION innodb_lock_wait_timeout = :s, lock_wait_timeout = :s"),
-                {"s": max(1, math.ceil(timeout))},
-            )
+            return
+        if conn.info.get("kafka_txn.lock_timeout") == ms and not fresh:
+            return
+        conn.execute(
+            text("SET SESSION innodb_lock_wait_timeout = :s, lock_wait_timeout = :s"),
+            {"s": max(1, math.ceil(timeout))},
+        )
         conn.info["kafka_txn.lock_timeout"] = ms
 
-    def _lock_timed_out(self, waiting_for: str) -> TransactionAbortableError:
-        """The error for a lock wait that outlasted ``lock_timeout``: the writer stays
-        usable and nothing was written, so the caller may retry once the holder is gone."""
+    def _lock_timed_out(
+        self, waiting_for: str, *, cancelled: bool = False, conn: Connection | None = None
+    ) -> TransactionAbortableError:
+        """The error for a lock wait that outlasted ``lock_timeout`` (or that the
+        database ``cancelled`` first: the session's statement timeout, a cancel request):
+        the writer stays usable and nothing was written, so the caller may retry once the
+        holder is gone. The owner is read on ``conn``, the waiting transaction's own
+        connection (rolled back), if given: a pool of one has no second one."""
         tid = self.transactional_id
-        row = self.read_unlocked()
+        row = self.read_unlocked(conn)
         if row is None:
             holder = "the row's owner could not be read (no row yet, or the read failed)"
         elif row.owner == self.owner:
@@ -617,7 +717,10 @@ class _StateRow:
             else "another database session holds it"
         )
         waited = (
-            "the database's own lock timeout"
+            "until the database cancelled the statement (the session's statement "
+            "timeout, or a cancel request)"
+            if cancelled
+            else "the database's own lock timeout"
             if self.lock_timeout is None
             else f"lock_timeout={self.lock_timeout:g}s"
         )
@@ -719,6 +822,8 @@ class DualWriter:
             self.transactional_id,
         )
         self._started = False
+        self._fenced: TransactionOutcome | None = None
+        """start() initialised transactions, then failed releasing the lock."""
         self._broken: KafkaTxnError | None = None
         self._serial = threading.Lock()
         """One start() or transaction() of this writer at a time: it has one producer,
@@ -790,6 +895,8 @@ class DualWriter:
         self._raise_if_broken()
         if self._started:
             raise ConfigurationError("start() was already called")
+        if self._fenced is not None:
+            return self._finish_start(self._fenced)
         self._row.ensure(self._create)
         self.producer.init_transactions(keep_prepared_txn=True)  # repeatable until settled
         with self.engine.connect() as conn:
@@ -819,13 +926,38 @@ class DualWriter:
             except (TransactionDivergedError, TransactionOutcomeUnknowableError):
                 self._unresolved = str(stored)  # what resolve() may then be given
                 raise
+            # Recovered, settled and fenced: what is left (this COMMIT) only releases the
+            # lock. If it fails (the session ended while init ran), start() again only
+            # checks the ownership (_finish_start).
+            self._fenced = outcome
             conn.commit()
+        return self._started_as(outcome)
+
+    def _finish_start(self, outcome: TransactionOutcome) -> TransactionOutcome:
+        """start() again after one that initialised transactions (recovered, settled,
+        fenced) and then failed at its last COMMIT, which only releases the lock: the
+        row's owner must still be this writer. Its lock may have gone with its session
+        before init returned, so another writer's start() may have taken the id over
+        since: then this one is fenced (ProducerFencedError), and the other's own init,
+        which ran after its owner commit, fences this producer in Kafka too."""
+        with self.engine.connect() as conn:
+            conn.begin()
+            self._check_owner(
+                self._row.lock(conn),
+                "start(): this writer initialised transactions, but another took the id "
+                "over before its start() completed",
+            )
+            conn.commit()
+        return self._started_as(outcome)
+
+    def _started_as(self, outcome: TransactionOutcome) -> TransactionOutcome:
         log.info(
             "dual writer %r started as %s: %s", self.transactional_id, self.owner,
             outcome.value,
             extra={"transactional_id": self.transactional_id, "outcome": outcome.value},
         )  # fmt: skip
         self._started = True
+        self._fenced = None
         return outcome
 
     def resolve(self, stored_state: str | PreparedTxnState) -> None:
@@ -942,7 +1074,7 @@ class DualWriter:
                         self._step("after_state_write")
                     except BaseException:
                         decision.discard()
-                        self._roll_back(conn, began)
+                        self._roll_back(conn, began, decision)
                         raise
                     self._commit_database(conn, decision)
                 finally:
@@ -1002,18 +1134,21 @@ class DualWriter:
         )
         raise self._broken
 
-    def _roll_back(self, conn: Connection, began: bool) -> None:
+    def _roll_back(self, conn: Connection, began: bool, decision: Decision) -> None:
         """The database did not commit: roll it back and abort the Kafka transaction
         this attempt began (never one it did not begin)."""
         try:
             conn.rollback()
         except DBAPIError as exc:
             log.warning("database rollback failed: %s", exc)
+        decision.finish()  # autocommit off again before the mark's transaction
         if began and self.producer.in_transaction:
             # The abort may bump the epoch (librdkafka's KIP-360 abort), after which the
             # coordinator no longer shows how the last commit ended: its state must be
             # stored completed first, or a later recovery could not tell it was settled.
-            if not self._marks.flush():
+            # Through this transaction's own connection, now idle: on a pool of one a
+            # second connection would never come.
+            if not self._marks.flush(conn):
                 self._leave_open()
                 return
             try:
@@ -1050,7 +1185,7 @@ class DualWriter:
                     "commits or aborts it to match the database"
                 )
                 raise self._broken from exc
-            self._roll_back(conn, began=True)  # the database refused: nothing committed
+            self._roll_back(conn, True, decision)  # the database refused: nothing committed
             raise
         except BaseException as exc:
             # Interrupted (KeyboardInterrupt, a timeout signal) while the COMMIT was under

@@ -1,10 +1,13 @@
-"""Red-team review of 2026-11-23 (issue 13's changes: PostgreSQL pipeline mode for the
-dual write, guarantee 4.14; the completion marks, 4.7; the state-row lock, 4.9).
+"""DualWriter's database sessions under attack: schedules from the red-team review of
+2026-11-23 (issue 13's changes: PostgreSQL pipeline mode for the dual write, guarantee
+4.14; the completion marks, 4.7; the state-row lock, 4.9; start(), 4.8).
 
-Each test states the promise it attacks. A test marked ``xfail(strict=True)`` shows a
-promise the library breaks today (the reason says how); the others hold and cover a
-schedule no other test covers. Real PostgreSQL and MariaDB, the local broker; Kafka is
-checked with kafka-python's read_committed consumer, the database with direct SQL."""
+Each test states the promise it attacks. Eight of them broke a promise when written
+(an engine in autocommit mode, a session statement timeout, pools of one connection, a
+body's own session lock wait on MariaDB and SQLite, start() after its fence) and guard
+the fixes; the others cover schedules no other test covers. Real PostgreSQL and
+MariaDB, the local broker; Kafka is checked with kafka-python's read_committed consumer,
+the database with direct SQL."""
 
 from __future__ import annotations
 
@@ -72,19 +75,6 @@ def _is_driver_error(exc: BaseException) -> bool:
 
 
 # --------------------------------------------------------------------------- autocommit
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 2026-11-23: an Engine in AUTOCOMMIT mode is used as it is "
-        "(docs/dual-write.md: 'A connection already in autocommit mode ... is used "
-        "statement by statement'): the body's INSERT commits at once, the exception in "
-        "the body aborts Kafka, and the row stays in the database with no error about it "
-        "(guarantee 4.2 broken; the state-row lock is not held either, so 4.4/4.5 too). "
-        "On a fresh state table start() fails instead (SQLAlchemy's savepoint errors: "
-        "PostgreSQL 'SAVEPOINT can only be used in transaction blocks', MariaDB 1305); "
-        "once the row exists (an earlier deployment of the id) it runs"
-    ),
-)
 @pytest.mark.parametrize("database", ["postgresql", "mariadb"])
 def test_an_autocommit_engine_is_refused_or_rolls_back_both(
     broker: Broker,
@@ -249,15 +239,6 @@ def test_idle_in_transaction_timeout_during_the_body_writes_nothing(
 
 
 # --------------------------------------------------------------------- statement_timeout
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 2026-11-23: with statement_timeout on the connection shorter than "
-        "lock_timeout, a wait for the state-row lock ends with SQLAlchemy's "
-        "OperationalError (QueryCanceled, 57014), not TransactionAbortableError naming "
-        "the transactional id and the row's owner (guarantee 4.9)"
-    ),
-)
 def test_statement_timeout_ending_the_lock_wait_is_the_lock_timeout_error(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:
@@ -329,17 +310,6 @@ def test_a_connection_left_in_a_transaction_by_a_connect_hook_still_commits_both
 
 
 # ------------------------------------------------------------------- a pool of one
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 2026-11-23: on an Engine whose pool holds one connection, a body that "
-        "raises while the last commit's completion mark is pending makes _roll_back flush "
-        "the mark through engine.connect() while the transaction's own connection is "
-        "still checked out: it waits pool_timeout (30 s by default), fails, and the "
-        "writer leaves the Kafka transaction open and stops with FatalError, instead of "
-        "rolling back both and going on (guarantee 4.2)"
-    ),
-)
 def test_a_body_failure_on_a_pool_of_one_connection_rolls_back_both_and_goes_on(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:
@@ -412,18 +382,6 @@ def test_a_mark_racing_a_transaction_never_loses_the_new_state(
 
 
 # ------------------------------------------------- the lock bound on MariaDB's pooled sessions
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 2026-11-23: on MySQL/MariaDB the writer sets innodb_lock_wait_timeout "
-        "once per pooled connection and remembers it in the pool's connection info; a "
-        "body that sets its own session innodb_lock_wait_timeout (for its own long "
-        "statements, on tx.connection) leaves it on the pooled connection, and the next "
-        "transaction's wait for the state-row lock is bounded by that value, not by "
-        "lock_timeout (guarantee 4.9: every wait ends after lock_timeout with "
-        "TransactionAbortableError)"
-    ),
-)
 def test_a_body_changing_the_session_lock_wait_does_not_unbound_the_next_lock_wait(
     broker: Broker, topic: str, producer_config: dict[str, Any], mariadb_jdbc: str
 ) -> None:
@@ -522,16 +480,6 @@ def test_start_can_be_called_again_after_its_session_ended_between_settle_and_fe
     assert broker.open_partitions(topic) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 2026-11-23: on SQLite the writer sets PRAGMA busy_timeout once per "
-        "connection and remembers it in the pool's connection info; a body that sets its "
-        "own busy_timeout on tx.connection leaves it on the pooled connection, and the "
-        "next transaction's wait for the database lock is bounded by that value, not by "
-        "lock_timeout (guarantee 4.9)"
-    ),
-)
 def test_a_body_changing_the_busy_timeout_does_not_unbound_the_next_lock_wait_on_sqlite(
     broker: Broker, topic: str, producer_config: dict[str, Any], tmp_path: Any
 ) -> None:
@@ -716,20 +664,6 @@ def test_start_whose_session_ends_during_a_slow_recovery_commits_once_when_calle
     assert broker.open_partitions(topic) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 2026-11-23: when start()'s session ends while its fence "
-        "(init_transactions()) runs, init completes and start() raises SQLAlchemy's "
-        "error at its last COMMIT; start() again (and transaction(), which calls it) "
-        "then raises IllegalStateError 'init_transactions(keep_prepared_txn=True) not "
-        "allowed in state ready: init_transactions() was already called', a call the "
-        "DualWriter user never made: the writer is unusable and the advice does not say "
-        "to close it and start a new one (start()'s docstring: 'May be called again "
-        "after it raised ... it then starts over'). No data is at risk: a new writer "
-        "starts"
-    ),
-)
 def test_start_whose_session_ends_during_its_fence_can_be_called_again(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:
@@ -780,16 +714,6 @@ def test_start_whose_session_ends_during_its_fence_can_be_called_again(
     assert broker.open_partitions(topic) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "red team 2026-11-23: on an Engine whose pool holds one connection, a lock wait "
-        "that runs out reads the row's owner for its message through engine.connect() "
-        "while the transaction's own connection is still checked out: it waits "
-        "pool_timeout on top of lock_timeout, and the TransactionAbortableError says "
-        "'the row's owner could not be read' instead of naming it (guarantee 4.9)"
-    ),
-)
 def test_a_lock_timeout_on_a_pool_of_one_connection_names_the_rows_owner(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:

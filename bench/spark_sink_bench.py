@@ -95,11 +95,33 @@ def main(argv: list[str] | None = None) -> int:
         help="only micro-batch latency, for 1/10/100/1000 rows per partition and "
         "1/4/16 partitions (transactional ids) per batch",
     )  # fmt: skip
+    parser.add_argument("--scale-rows", type=int, nargs="+", default=[1, 10, 100, 1000],
+                        help="with --scale: rows per partition")  # fmt: skip
+    parser.add_argument("--scale-partitions", type=int, nargs="+", default=[1, 4, 16],
+                        help="with --scale: partitions per batch")  # fmt: skip
     args = parser.parse_args(argv)
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONPATH"] = str(ROOT)
     broker = start_broker()
+    spark = _session()
+    try:
+        with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
+            print(f"broker: {broker.description}")
+            print(environment(net, f"pyspark {spark.version}, local[2]"))
+            if args.scale:
+                spark.stop()
+                _scale(broker, net, args.batches, args.scale_rows, args.scale_partitions)
+            else:
+                _throughput(spark, broker, net, args)
+                _micro_batches(spark, broker, net, args.batches, 1000, 8)
+    finally:
+        spark.stop()
+        broker.stop()
+    return 0
+
+
+def _session() -> Any:
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
@@ -109,19 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    try:
-        with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
-            print(f"broker: {broker.description}")
-            print(environment(net, f"pyspark {spark.version}, local[2]"))
-            if args.scale:
-                _scale(spark, broker, net, args.batches)
-            else:
-                _throughput(spark, broker, net, args)
-                _micro_batches(spark, broker, net, args.batches, 1000, 8)
-    finally:
-        spark.stop()
-        broker.stop()
-    return 0
+    return spark
 
 
 def _throughput(spark: Any, broker: Any, net: Network, args: argparse.Namespace) -> None:
@@ -246,18 +256,31 @@ def _micro_batches(
     return naive[1:], timed[1:]
 
 
-def _scale(spark: Any, broker: Any, net: Network, batches: int) -> None:
+def _scale(
+    broker: Any, net: Network, batches: int, row_counts: list[int],
+    partition_counts: list[int],
+) -> None:  # fmt: skip
     """Micro-batch latency against rows per partition and partitions per batch (each
-    partition is one transactional id, one dual-write transaction per batch)."""
+    partition is one transactional id, one dual-write transaction per batch).
+
+    Each combination runs in a Spark session of its own, as a query of its own would:
+    every Python worker keeps its sink writers (and each writer's idle database
+    connection) after the sink is closed, up to 64, so the 12 sinks of one session held
+    up to 2 x 64 PostgreSQL connections and the 16-partition runs failed with 'too many
+    clients' (max_connections 100)."""
     print(
         f"\n{'rows/partition':>14}{'partitions':>11}{'naive ms':>10}{'sink ms':>9}"
         f"{'ratio':>7}{'sink ms per partition txn':>27}"
     )
-    for partitions in (1, 4, 16):
-        for rows in (1, 10, 100, 1000):
-            naive, sink = _micro_batches(
-                spark, broker, net, batches, rows * partitions, partitions, quiet=True
-            )
+    for partitions in partition_counts:
+        for rows in row_counts:
+            spark = _session()
+            try:
+                naive, sink = _micro_batches(
+                    spark, broker, net, batches, rows * partitions, partitions, quiet=True
+                )
+            finally:
+                spark.stop()
             n, s = statistics.median(naive), statistics.median(sink)
             print(
                 f"{rows:>14,}{partitions:>11}{n * 1000:>10,.0f}{s * 1000:>9,.0f}"

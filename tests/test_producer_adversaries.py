@@ -1,0 +1,197 @@
+"""Red-team tests (2026-11-23) of TransactionalProducer's promises under adversaries:
+a signal's exception at any point of begin_transaction(), a user callback raising while
+close() aborts after a fatal error, another thread or a zombie during begin's wait.
+
+Each test builds its schedule on the local broker (``broker`` fixture), through
+tests/kafka_proxy.py where the coordinator must answer something the broker would not,
+and checks Kafka with kafka-python's read_committed consumer (tests/rig.py). A test kept
+as a strict xfail shows a promise that does not hold (reason: observed vs promised).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+import kafka_txn.twophase as twophase_module
+from kafka_txn import TransactionalProducer
+from kafka_txn.errors import FatalError
+from tests.kafka_proxy import ApiKey, KafkaProxy
+from tests.rig import Broker
+
+_ILLEGAL_GENERATION = 22
+
+
+class _Interrupted(BaseException):
+    """Stands for a signal handler's exception (KeyboardInterrupt, SystemExit)."""
+
+
+def _raise_after_c_call(name: str, exc: type[BaseException]) -> Callable[..., Any]:
+    """A profile function that raises ``exc`` when the C function ``name`` returns: the
+    schedule of a signal that arrived while the C call ran, whose handler's exception
+    CPython raises at the evaluation check right after the call returns."""
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_return" and getattr(arg, "__name__", "") == name:
+            sys.setprofile(None)
+            raise exc(f"signal during {name}()")
+
+    return profile
+
+
+@pytest.fixture
+def two_phase_config(producer_config: dict[str, Any]) -> dict[str, Any]:
+    return {**producer_config, "transaction.two.phase.commit.enable": True}
+
+
+@pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "plain"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="observed: a signal's exception right after librdkafka's begin (before the "
+    "spacing wait, or with no wait) leaves librdkafka in a transaction and the producer "
+    "'ready': the next begin_transaction() raises IllegalStateError and abort is refused, "
+    "only close() helps; promised (2.7, 1.6): an interrupted begin is undone and the "
+    "producer stays usable",
+)
+def test_a_signal_right_after_librdkafkas_begin_leaves_the_producer_usable(
+    broker: Broker, topic: str, producer_config: dict[str, Any], two_phase: bool
+) -> None:
+    config = dict(producer_config)
+    if two_phase:
+        config["transaction.two.phase.commit.enable"] = True
+    producer = TransactionalProducer(config, operation_timeout=20)
+    try:
+        producer.init_transactions()
+        sys.setprofile(_raise_after_c_call("begin_transaction", _Interrupted))
+        try:
+            with pytest.raises(_Interrupted):
+                producer.begin_transaction()
+        finally:
+            sys.setprofile(None)
+        assert producer.state == "ready"
+        # The caller handled the interruption and goes on with the next transaction.
+        producer.begin_transaction()
+        producer.produce(topic, b"after-the-signal")
+        if two_phase:
+            state = producer.prepare_transaction()
+            producer.complete_transaction(state)
+        else:
+            producer.commit_transaction()
+        assert broker.read_committed(topic, expected=1) == [(None, b"after-the-signal")]
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="observed: a second signal, arriving as the interrupted spacing wait starts "
+    "undoing librdkafka's begin (before its abort), leaves librdkafka in a transaction "
+    "and the producer 'ready': the next begin_transaction() raises IllegalStateError; "
+    "promised (2.7): a signal's exception during the wait undoes the begin, the producer "
+    "is ready and the next transaction commits",
+)
+def test_a_second_signal_while_the_interrupted_wait_is_undone_leaves_the_producer_usable(
+    broker: Broker, topic: str, two_phase_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    producer = TransactionalProducer(two_phase_config, operation_timeout=20)
+    real_time = twophase_module.time
+    signals = []
+
+    def interrupted_sleep(seconds: float) -> None:
+        signals.append(seconds)  # the first signal arrives during the wait
+        raise _Interrupted("first signal, during the spacing wait")
+
+    try:
+        producer.init_transactions()
+        monkeypatch.setattr(
+            twophase_module,
+            "time",
+            types.SimpleNamespace(monotonic=real_time.monotonic, sleep=interrupted_sleep),
+        )
+        assert producer._twophase is not None
+        producer._twophase.last_started_by = real_time.monotonic() + 5  # a wait is due
+
+        def second_signal(frame: Any, event: str, arg: Any) -> None:
+            # the undo's first call: the second signal's exception is raised there
+            if event == "call" and frame.f_code.co_name == "invalidate":
+                sys.setprofile(None)
+                raise _Interrupted("second signal, as the undo starts")
+
+        original_undo = producer._undo_begin
+
+        def undo() -> None:
+            sys.setprofile(second_signal)
+            try:
+                original_undo()
+            finally:
+                sys.setprofile(None)
+
+        monkeypatch.setattr(producer, "_undo_begin", undo)
+        with pytest.raises(_Interrupted):
+            producer.begin_transaction()
+        assert signals, "the spacing wait did not run"
+        monkeypatch.undo()
+        assert producer.state == "ready"
+        producer.begin_transaction()
+        producer.produce(topic, b"after-two-signals")
+        producer.complete_transaction(producer.prepare_transaction())
+        assert broker.read_committed(topic, expected=1) == [(None, b"after-two-signals")]
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.fixture
+def proxy(broker: Broker) -> Iterator[KafkaProxy]:
+    with KafkaProxy(broker.bootstrap_servers) as p:
+        yield p
+
+
+def _group_metadata(bootstrap: str) -> tuple[Consumer, Any]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{time.monotonic_ns()}"})
+    return consumer, consumer.consumer_group_metadata()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="observed: when the group refused the offsets (fatal) and close() aborts the "
+    "open transaction, a delivery callback that raises during that abort escapes close() "
+    "with no note, the producer still 'fatal', not closed; promised (1.7 with 1.13): the "
+    "exception is raised only after close() finished its work, the producer closed, with "
+    "a note saying the call succeeded",
+)
+def test_close_after_the_group_refused_the_offsets_closes_when_a_callback_raises(
+    broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
+) -> None:
+    proxy.fail(ApiKey.TXN_OFFSET_COMMIT, _ILLEGAL_GENERATION)
+    producer = TransactionalProducer(
+        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
+        operation_timeout=20,
+    )
+    consumer, metadata = _group_metadata(broker.bootstrap_servers)
+
+    def on_delivery(error: Any, message: Any) -> None:
+        raise RuntimeError("the user's delivery callback")
+
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"never-visible", on_delivery=on_delivery)
+        with pytest.raises(FatalError):
+            producer.send_offsets_to_transaction([TopicPartition(topic, 0, 1)], metadata)
+        assert producer.state == "fatal error"
+        with pytest.raises(RuntimeError, match="the user's delivery callback") as raised:
+            producer.close(timeout=10)
+        assert producer.state == "closed"
+        assert any("close()" in note for note in getattr(raised.value, "__notes__", []))
+        assert broker.open_partitions(topic) == {}
+        assert broker.read_committed(topic, expected=0) == []
+    finally:
+        consumer.close()
+        if producer.state != "closed":
+            producer.close(timeout=5)

@@ -195,3 +195,67 @@ def test_close_after_the_group_refused_the_offsets_closes_when_a_callback_raises
         consumer.close()
         if producer.state != "closed":
             producer.close(timeout=5)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="observed: a signal's exception right after librdkafka's commit returned "
+    "leaves the producer 'committing'; commit_transaction() again, as its hint says, "
+    "raises CommitFailedException (librdkafka is Ready: _STATE) whose advice is 'abort, "
+    "rewind the inputs, and retry' (a duplicate of the committed records), and the "
+    "abort then makes the producer fatal; promised (1.9, 1.6): commit_transaction() "
+    "again commits the same transaction, never aborted",
+)
+def test_commit_again_after_a_signal_right_after_librdkafkas_commit_writes_no_duplicate(
+    broker: Broker, topic: str, producer_config: dict[str, Any]
+) -> None:
+    producer = TransactionalProducer(producer_config, operation_timeout=20)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"once")
+        sys.setprofile(_raise_after_c_call("commit_transaction", _Interrupted))
+        try:
+            with pytest.raises(_Interrupted):
+                producer.commit_transaction()
+        finally:
+            sys.setprofile(None)
+        assert producer.state == "committing"
+        # The state's advice: call commit_transaction() again, never abort.
+        producer.commit_transaction()
+        assert producer.state == "ready"
+        assert broker.read_committed(topic, expected=1) == [(None, b"once")]
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="observed: a signal's exception right after librdkafka's abort returned "
+    "leaves the producer 'aborting'; abort_transaction() again, as its hint says, makes "
+    "it fatal (librdkafka is Ready); promised (1.6): the state's advice leads on, the "
+    "aborted transaction stays aborted and the producer usable",
+)
+def test_abort_again_after_a_signal_right_after_librdkafkas_abort_leaves_a_usable_producer(
+    broker: Broker, topic: str, producer_config: dict[str, Any]
+) -> None:
+    producer = TransactionalProducer(producer_config, operation_timeout=20)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"aborted")
+        producer.flush(10)
+        sys.setprofile(_raise_after_c_call("abort_transaction", _Interrupted))
+        try:
+            with pytest.raises(_Interrupted):
+                producer.abort_transaction()
+        finally:
+            sys.setprofile(None)
+        assert producer.state == "aborting"
+        producer.abort_transaction()  # the state's advice: call abort_transaction() again
+        producer.begin_transaction()
+        producer.produce(topic, b"next")
+        producer.commit_transaction()
+        assert broker.read_committed(topic, expected=1) == [(None, b"next")]
+    finally:
+        producer.close(timeout=5)

@@ -30,7 +30,22 @@ from tests.rig import start_broker
 VALUE = b"x" * 100
 AHEAD = [0, 0]
 """Prepares that used the DescribeTransactions sent during their flush, and all prepares."""
+STEPS: dict[str, list[float]] = {}
+"""Seconds per step of each timed transaction, raw and two-phase (see _steps)."""
+RAW_STEPS = ("raw: begin", "raw: produce x10", "raw: flush", "raw: commit")
+TWO_PHASE_STEPS = (
+    "two-phase: begin (spacing wait included)",
+    "two-phase: produce x10",
+    "two-phase: prepare (flush, DescribeTransactions)",
+    "two-phase: complete (EndTxn)",
+)
 RECORDS = 10
+
+
+def _steps(names: tuple[str, ...], times: tuple[float, ...]) -> None:
+    """Record the time between consecutive ``times`` under ``names``."""
+    for name, start, end in zip(names, times, times[1:], strict=False):
+        STEPS.setdefault(name, []).append(end - start)
 
 
 def _raw(bootstrap: str, topic: str, count: int) -> list[float]:
@@ -40,12 +55,17 @@ def _raw(bootstrap: str, topic: str, count: int) -> list[float]:
     for i in range(count + 1):
         start = time.perf_counter()
         p.begin_transaction()
+        at = time.perf_counter()
         for _ in range(RECORDS):
             p.produce(topic, VALUE)
+        flushing = time.perf_counter()
         p.flush()
+        committing = time.perf_counter()
         p.commit_transaction()
+        end = time.perf_counter()
         if i > 0:  # the first one warms up (metadata, connections), as below
-            latencies.append(time.perf_counter() - start)
+            latencies.append(end - start)
+            _steps(RAW_STEPS, (start, at, flushing, committing, end))
     p.close()
     return latencies
 
@@ -64,15 +84,19 @@ def _two_phase(bootstrap: str, topic: str, count: int) -> tuple[list[float], flo
     for i in range(count + 1):
         start = time.perf_counter()
         p.begin_transaction()
+        at = time.perf_counter()
         for _ in range(RECORDS):
             p.produce(topic, VALUE)
         before = time.perf_counter()
         state = p.prepare_transaction()
+        completing = time.perf_counter()
         if i == 0:
-            first_prepare = time.perf_counter() - before
+            first_prepare = completing - before
         p.complete_transaction(state)
+        end = time.perf_counter()
         if i > 0:  # the first one, right after init, waits for statistics
-            latencies.append(time.perf_counter() - start)
+            latencies.append(end - start)
+            _steps(TWO_PHASE_STEPS, (start, at, before, completing, end))
     assert p._twophase is not None
     spacing = p._twophase.spacing_wait_s / (count + 1)
     AHEAD[0] += p._twophase.describes_ahead_used
@@ -129,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             f"<= 1.6 at 0 ms); per interleaved pair: "
             + ", ".join(f"{x:.2f}" for x in sorted(pairs))
         )
+        for names in (RAW_STEPS, TWO_PHASE_STEPS):
+            print("median ms per step: " + "; ".join(
+                f"{name} {statistics.median(STEPS[name]) * 1000:.2f}" for name in names
+            ))  # fmt: skip
         print(f"prepares whose DescribeTransactions overlapped the flush: {AHEAD[0]} of {AHEAD[1]}")
         print(
             f"the start-time spacing guard slept {statistics.mean(spacing) * 1000:.2f}"

@@ -348,8 +348,13 @@ class TransactionalProducer:
                     self._produce(topic, value, key, partition)
                 else:
                     self._produce(topic, value, key, partition, cb, None, timestamp, headers)
+                return
             except Exception as exc:
-                self._io.produce_failed(exc, topic, value, key, partition, cb, timestamp, headers)
+                failed = exc
+            # Outside the except block: the slow path calls librdkafka again, and a
+            # KafkaException raised while another is handled pins the handled one's frames
+            # for good (confluent-kafka's KafkaError, see Driver.retrying).
+            self._io.produce_failed(failed, topic, value, key, partition, cb, timestamp, headers)
         finally:
             under_way.pop()
 
@@ -378,10 +383,12 @@ class TransactionalProducer:
                     self._produce(topic, value, key, partition, future)
                 else:
                     self._produce(topic, value, key, partition, future, None, timestamp, headers)
+                return future
             except Exception as exc:
-                self._io.produce_failed(
-                    exc, topic, value, key, partition, future, timestamp, headers
-                )
+                failed = exc
+            self._io.produce_failed(  # outside the except block, as in produce()
+                failed, topic, value, key, partition, future, timestamp, headers
+            )
             return future
         finally:
             under_way.pop()

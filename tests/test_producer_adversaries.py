@@ -337,3 +337,49 @@ def test_close_aborts_a_transaction_whose_prepare_failed_fatally(
         )
         cleaner.init_transactions()
         cleaner.close()
+
+
+_TOPIC_AUTHORIZATION_FAILED = 29
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="observed: a record for a topic the principal may not write (AddPartitionsToTxn "
+    "refused with TOPIC_AUTHORIZATION_FAILED, fatal for kafka-txn by KIP-691, abortable "
+    "for librdkafka) is found inside commit_transaction(): the fatal error comes in "
+    "COMMITTING although librdkafka never sent EndTxn, close() does not abort, and the "
+    "records already written stay open (read_committed readers held back until "
+    "transaction.timeout.ms); promised (1.13): close() aborts a transaction a fatal error "
+    "(authorization) left open before its commit, at once",
+)
+def test_close_aborts_a_transaction_whose_commit_found_a_topic_not_authorized(
+    broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
+) -> None:
+    denied = broker.create_topic(partitions=1)
+    producer = TransactionalProducer(
+        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
+        operation_timeout=20,
+    )
+    proxy.fail(
+        ApiKey.ADD_PARTITIONS_TO_TXN,
+        _TOPIC_AUTHORIZATION_FAILED,
+        when=lambda r: any(t.name == denied for t in r.body.v3_and_below_topics or ()),
+    )
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"written", partition=0).result(timeout=10)
+        producer.produce(denied, b"not-authorized")
+        with pytest.raises(FatalError):
+            producer.commit_transaction()
+        producer.close(timeout=10)
+        assert broker.open_partitions(topic) == {}
+        assert broker.read_committed(topic, expected=0) == []
+    finally:
+        producer.close(timeout=5)
+        proxy.clear()
+        cleaner = TransactionalProducer(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+        )
+        cleaner.init_transactions()
+        cleaner.close()

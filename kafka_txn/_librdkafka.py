@@ -111,6 +111,11 @@ class Driver:
         self._value_serializer = value_serializer
         self._user_error_cb = user_error_cb
 
+    @property
+    def operation_timeout(self) -> float:
+        """Seconds a blocking librdkafka call gets when the caller gives no timeout."""
+        return self._operation_timeout
+
     def attach(self, producer: Producer) -> None:
         self.producer = producer
         self.produce = producer.produce

@@ -48,6 +48,9 @@ Serializer = Callable[[Any, SerializationContext], bytes | None]
 """A confluent-kafka ``Serializer`` or any callable of the same shape."""
 
 _IN_TXN = State.IN_TRANSACTION
+_UNDO_ATTEMPTS = 5
+"""Times an interrupted begin_transaction() tries to abort librdkafka's empty transaction
+while further interruptions keep arriving."""
 _OPEN_STATES = frozenset(
     {
         _IN_TXN,
@@ -276,39 +279,54 @@ class TransactionalProducer:
             self._deliveries.reset()
             try:
                 self._producer.begin_transaction()
+                if self._twophase is not None:
+                    # The start-time spacing wait comes after librdkafka's begin, which
+                    # sends nothing (it hands a state change to librdkafka's main thread
+                    # and waits for it), so that the wait covers that handoff; no record
+                    # can go before the wait ends: produce(), send() and
+                    # send_offsets_to_transaction() are refused until the state changes.
+                    self._twophase.begin()
             except KafkaException as exc:
                 raise self._io.on_call_error(exc, "begin_transaction") from exc
-            if self._twophase is not None:
-                # The start-time spacing wait comes after librdkafka's begin, which sends
-                # nothing (it hands a state change to librdkafka's main thread and waits
-                # for it), so that the wait covers that handoff; no record can go before
-                # the wait ends: produce(), send() and send_offsets_to_transaction() are
-                # refused until the state below changes.
-                try:
-                    self._twophase.begin()
-                except BaseException:
-                    self._undo_begin()
-                    raise
+            except BaseException:
+                # A signal's exception (KeyboardInterrupt...) right after librdkafka's
+                # begin returned, or during the wait: librdkafka may be in a transaction
+                # that ours never entered.
+                self._undo_begin()
+                raise
             self._life.transition_to(_IN_TXN)
 
     def _undo_begin(self) -> None:
-        """The spacing wait was interrupted (a signal's exception) after librdkafka's
-        begin: abort librdkafka's transaction, which holds nothing (librdkafka then sends
-        nothing: no partition was registered), so that the producer is ready again."""
-        assert self._twophase is not None
-        self._twophase.identity.invalidate()  # read the producer id/epoch again, to be safe
-        try:
-            self._io.retrying("abort_transaction", self._producer.abort_transaction, None)
-        except KafkaTxnError as exc:
-            if self._life.fatal is None:  # librdkafka holds a transaction we cannot end
-                self._life.enter_fatal(
-                    FatalError(
-                        "begin_transaction() was interrupted, and the empty transaction "
-                        f"librdkafka had begun could not be aborted ({exc.message}): "
-                        "close this producer",
-                        kafka_error=exc.kafka_error or KafkaError(KafkaError._STATE),
-                    )
+        """begin_transaction() was interrupted: end the transaction librdkafka may have
+        begun. It holds nothing (no record could be sent, so no partition was
+        registered), so librdkafka's abort sends nothing either; one it had not begun
+        is refused as such (_STATE) and left alone. Another interruption meanwhile does
+        not stop the undo (the first one is what begin_transaction() raises)."""
+        failure: str | None = "interrupted again and again"
+        err = KafkaError(KafkaError._STATE)
+        for _ in range(_UNDO_ATTEMPTS):
+            try:
+                if self._twophase is not None:
+                    self._twophase.identity.invalidate()  # read the id/epoch again, to be safe
+                self._producer.abort_transaction(self._io.operation_timeout)
+            except KafkaException as exc:
+                err = exc.args[0]
+                failure = None if err.code() == KafkaError._STATE else err.str()
+            except BaseException:  # another interruption: finish the undo first
+                continue
+            else:
+                failure = None
+            break
+        if failure is not None and self._life.fatal is None:
+            # librdkafka may hold a transaction we cannot end.
+            self._life.enter_fatal(
+                FatalError(
+                    "begin_transaction() was interrupted, and the empty transaction "
+                    f"librdkafka had begun could not be aborted ({failure}): close this "
+                    "producer",
+                    kafka_error=err,
                 )
+            )
 
     def produce(
         self,

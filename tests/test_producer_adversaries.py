@@ -14,6 +14,7 @@ import gc
 import sys
 import time
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -433,3 +434,42 @@ def test_a_resumed_commit_with_a_short_timeout_gets_the_retry_floor(
         time.sleep(3)  # the held reply arrives
         producer.commit_transaction(timeout=10)
         producer.close(timeout=5)
+
+
+def test_close_after_the_group_refused_the_offsets_and_a_zombie_took_over_warns_nothing(
+    broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
+) -> None:
+    """1.12 with 1.13: the group refused the offsets (fatal for kafka-txn, abortable for
+    librdkafka), then a second producer with the same transactional id initialised
+    (aborting the open transaction, bumping the epoch) before close(): close()'s abort
+    is refused as fenced, no warning comes through, and nothing becomes visible."""
+    proxy.fail(ApiKey.TXN_OFFSET_COMMIT, _ILLEGAL_GENERATION)
+    producer = TransactionalProducer(
+        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
+        operation_timeout=20,
+    )
+    consumer, metadata = _group_metadata(broker.bootstrap_servers)
+    zombie_killer = TransactionalProducer(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    )
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"never-visible", partition=0).result(timeout=10)
+        with pytest.raises(FatalError):
+            producer.send_offsets_to_transaction([TopicPartition(topic, 0, 1)], metadata)
+        zombie_killer.init_transactions()  # aborts the open transaction, fences
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            producer.close(timeout=10)
+            del producer
+            gc.collect()
+        assert [str(w.message) for w in caught] == []
+        assert broker.open_partitions(topic) == {}
+        zombie_killer.begin_transaction()
+        zombie_killer.produce(topic, b"successor", partition=0)
+        zombie_killer.commit_transaction()
+        assert broker.read_committed(topic, expected=1) == [(None, b"successor")]
+    finally:
+        consumer.close()
+        zombie_killer.close(timeout=5)

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 import kafka_txn.twophase as twophase_module
 from kafka_txn import TransactionalProducer
-from kafka_txn.errors import FatalError, TransactionOutcomeUnknownError
+from kafka_txn.errors import FatalError, KafkaTxnError, TransactionOutcomeUnknownError
 from tests.kafka_proxy import ApiKey, KafkaProxy
 from tests.rig import Broker
 
@@ -473,3 +473,47 @@ def test_close_after_the_group_refused_the_offsets_and_a_zombie_took_over_warns_
     finally:
         consumer.close()
         zombie_killer.close(timeout=5)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="observed: close() called by a signal handler (same thread, re-entering the "
+    "producer's lock) while prepare_transaction() flushes: the state is 'preparing', "
+    "which close() neither aborts nor keeps; the producer closes, prepare then raises "
+    "IllegalStateError, and the transaction's records keep their partition open until "
+    "transaction.timeout.ms; promised (close(), 1.13): an open transaction is aborted "
+    "within close()'s timeout unless prepared, in doubt or its commit's outcome unknown",
+)
+def test_close_from_a_signal_handler_during_prepare_aborts_the_transaction(
+    broker: Broker, topic: str, two_phase_config: dict[str, Any], txn_id: str
+) -> None:
+    producer = TransactionalProducer(two_phase_config, operation_timeout=20)
+    closed: list[str] = []
+
+    def handler_runs_close(frame: Any, event: str, arg: Any) -> None:
+        # a SIGTERM handler that closes the producer, run as prepare's flush returns
+        if event == "c_return" and getattr(arg, "__name__", "") == "flush":
+            sys.setprofile(None)
+            producer.close(timeout=10)
+            closed.append(producer.state)
+
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"never-visible", partition=0)
+        sys.setprofile(handler_runs_close)
+        try:
+            with pytest.raises(KafkaTxnError):
+                producer.prepare_transaction()
+        finally:
+            sys.setprofile(None)
+        assert closed == ["closed"]
+        assert broker.open_partitions(topic) == {}
+        assert broker.read_committed(topic, expected=0) == []
+    finally:
+        producer.close(timeout=5)
+        cleaner = TransactionalProducer(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+        )
+        cleaner.init_transactions()
+        cleaner.close()

@@ -567,3 +567,47 @@ def test_processor_whose_offsets_the_group_refused_closes_both_clients_when_a_ca
     finally:
         with contextlib.suppress(Exception):
             processor.close()
+
+
+def test_a_signal_right_after_the_prepared_commit_returned_is_in_doubt_then_recovered_once(
+    broker: Broker, topic: str, two_phase_config: dict[str, Any]
+) -> None:
+    """2.3 with a signal's exception right after librdkafka's commit of a prepared
+    transaction returned (the producer stays 'in doubt' though Kafka committed):
+    complete_transaction() again raises TransactionInDoubtError (never an abort), and a
+    fresh process's recovery from the stored state finds it committed; its records are
+    visible once."""
+    from kafka_txn.errors import TransactionInDoubtError
+    from kafka_txn.recovery import TransactionOutcome
+
+    producer = TransactionalProducer(two_phase_config, operation_timeout=20)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"once", partition=0)
+        state = producer.prepare_transaction()
+        sys.setprofile(_raise_after_c_call("commit_transaction", _Interrupted))
+        try:
+            with pytest.raises(_Interrupted):
+                producer.complete_transaction(state)
+        finally:
+            sys.setprofile(None)
+        assert producer.state == "in doubt"
+        with pytest.raises(TransactionInDoubtError):
+            producer.complete_transaction(state)
+        with pytest.raises(KafkaTxnError):
+            producer.abort_transaction()
+    finally:
+        producer.close(timeout=5)
+    successor = TransactionalProducer(two_phase_config, operation_timeout=20)
+    try:
+        successor.init_transactions(keep_prepared_txn=True)
+        outcome = successor.complete_transaction(str(state))
+        assert outcome is TransactionOutcome.ALREADY_COMMITTED
+        assert broker.read_committed(topic, expected=1) == [(None, b"once")]
+        successor.begin_transaction()
+        successor.produce(topic, b"next", partition=0)
+        successor.complete_transaction(successor.prepare_transaction())
+        assert broker.read_committed(topic, expected=2) == [(None, b"once"), (None, b"next")]
+    finally:
+        successor.close(timeout=5)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
-from ._librdkafka import Driver
+from ._librdkafka import _RETRY_FLOOR_S, Driver
 from .delivery import Deliveries
 from .errors import (
     CommitFailedException,
@@ -26,14 +27,48 @@ from .lifecycle import Lifecycle, State
 from .metrics import MetricsHook, timed
 from .twophase import TwoPhase, prepare_failed
 
-__all__ = ["ABORT_AFTER_FATAL", "Completion"]
+__all__ = ["ABORT_AFTER_FATAL", "Completion", "may_abort_after_fatal"]
 
 log = logging.getLogger("kafka_txn.producer")
 
-ABORT_AFTER_FATAL = frozenset({State.IN_TRANSACTION, State.ABORTABLE, State.ABORTING})
+ABORT_AFTER_FATAL = frozenset(
+    {State.IN_TRANSACTION, State.ABORTABLE, State.ABORTING, State.PREPARING}
+)
 """States in which a fatal error leaves a transaction that close() may abort: open, and
-never sent to commit (COMMITTING: the coordinator may have committed it) nor prepared
-(PREPARING, PREPARED, IN_DOUBT: a decider may commit it)."""
+never sent to commit (COMMITTING: the coordinator may have committed it, unless
+librdkafka itself calls the error abortable: ``may_abort_after_fatal``) nor prepared
+(PREPARED, IN_DOUBT: a decider may commit it; a prepare that failed, PREPARING, handed
+no state to any decider)."""
+
+
+def may_abort_after_fatal(state: State | None, fatal: KafkaError | None) -> bool:
+    """Whether close() may abort the transaction a fatal error left in ``state``:
+    ``ABORT_AFTER_FATAL``, or COMMITTING when librdkafka reported the error as abortable
+    (``txn_requires_abort``: its commit failed before the coordinator committed, e.g. a
+    topic not authorized found by the commit's flush; KIP-691 calls that fatal)."""
+    if state in ABORT_AFTER_FATAL:
+        return True
+    return state is State.COMMITTING and fatal is not None and fatal.txn_requires_abort()
+
+
+def _done_unless_ready(call: Callable[[float], object]) -> Callable[[float], object]:
+    """``call`` (librdkafka's commit or abort, resumed), where librdkafka refusing it in
+    state Ready means it already completed it: a signal's exception came after
+    librdkafka's call returned and before the lifecycle moved on. librdkafka reaches
+    Ready from a commit or abort in progress only by completing it (a failure leaves it
+    AbortableError or fatal), so calling again would be refused (_STATE) and read as a
+    failure, and advice to abort and retry would duplicate a committed transaction."""
+
+    def resumed(timeout: float) -> object:
+        try:
+            return call(timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError._STATE and err.str().endswith("in state Ready"):
+                return None  # completed before: nothing more to do
+            raise
+
+    return resumed
 
 
 _PADDING = 8
@@ -108,6 +143,14 @@ class Completion:
                 assert self._twophase is not None
                 self._twophase.commit_prepared(timeout)
                 return
+            commit: Callable[[float], object] = self._io.producer.commit_transaction
+            first_floor = 0.001
+            if state is State.COMMITTING:  # resumed after its outcome was unknown
+                commit = _done_unless_ready(commit)
+                # librdkafka takes a resumed commit up again; given too short a time, its
+                # EndTxn reply may arrive after it gave the call up, and it aborts the
+                # process (see _librdkafka._RETRY_FLOOR_S): never less than a retry gets.
+                first_floor = _RETRY_FLOOR_S
             # Sends are refused from here on; those under way are waited for, so that a
             # record failing in one of them (a serializer) is seen before committing.
             self._life.transition_to(State.COMMITTING)
@@ -119,8 +162,8 @@ class Completion:
                 raise self._io.commit_failed(first_failure)
             try:
                 self._io.retrying(
-                    "commit_transaction", self._io.producer.commit_transaction, timeout,
-                    defer_callback_errors=True,
+                    "commit_transaction", commit, timeout, defer_callback_errors=True,
+                    first_floor=first_floor,
                 )  # fmt: skip
             except CommitFailedException:
                 # A record that failed during commit's flush is the real cause (KIP-691).
@@ -137,6 +180,9 @@ class Completion:
                 self._settle_kept_transaction(commit=False, timeout=timeout)
                 return
             self._life.require("abort_transaction")
+            abort: Callable[[float], object] = self._io.producer.abort_transaction
+            if state is State.ABORTING:  # resumed
+                abort = _done_unless_ready(abort)
             self._life.transition_to(State.ABORTING)
             # A send under way would otherwise reach librdkafka after the abort, outside
             # any transaction or inside the next one.
@@ -149,10 +195,7 @@ class Completion:
                     kafka_error=KafkaError(KafkaError._TIMED_OUT),
                     operation="abort_transaction",
                 )
-            self._io.retrying(
-                "abort_transaction", self._io.producer.abort_transaction, timeout,
-                defer_callback_errors=True,
-            )  # fmt: skip
+            self._io.retrying("abort_transaction", abort, timeout, defer_callback_errors=True)
             # librdkafka purged the queue; serve those reports now so that none of them is
             # counted against the next transaction.
             self._io.drain(defer_callback_errors=True)
@@ -173,7 +216,10 @@ class Completion:
         that transaction. Where librdkafka is fatal too (fenced), it refuses at once.
         True if it aborted."""
         try:
-            self._io.retrying("abort_transaction", self._io.producer.abort_transaction, timeout)
+            self._io.retrying(
+                "abort_transaction", self._io.producer.abort_transaction, timeout,
+                defer_callback_errors=True,
+            )  # fmt: skip
         except KafkaException as exc:
             log.info(
                 "close(): the open transaction of %r was not aborted (%s): the coordinator "

@@ -172,10 +172,12 @@ class Driver:
         timeout: float | None,
         *,
         defer_callback_errors: bool = False,
+        first_floor: float = 0.001,
     ) -> None:
         """Run a blocking librdkafka call, retrying retriable errors until the deadline
         (tenacity), translating everything else through the error table.
-        ``defer_callback_errors``: see ``call``."""
+        ``defer_callback_errors``: see ``call``. ``first_floor``: the least time the first
+        try is given (a resumed commit gets ``_RETRY_FLOOR_S``, as every retry does)."""
         budget = self._operation_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
 
@@ -187,7 +189,7 @@ class Driver:
 
         # No librdkafka call is made while a failure is being handled (inside an
         # ``except`` block): see ``_failure``.
-        failure = _failure(attempt, 0.001)  # the common case, without tenacity's cost
+        failure = _failure(attempt, first_floor)  # the common case, without tenacity's cost
         if (
             failure is not None
             and _is_retriable(failure)

@@ -252,6 +252,7 @@ class ExactlyOnceProcessor:
         ``TransactionOutcomeUnknownError`` (a commit still unsettled after
         ``commit_attempts`` tries: it was not aborted; a processor started again with the
         same transactional.id settles it and resumes from the committed offsets)."""
+        failed: BaseException | None = None
         try:
             self.producer.init_transactions()
             self.consumer.subscribe(self.topics, on_revoke=self._on_revoke, on_lost=self._on_revoke)
@@ -265,11 +266,21 @@ class ExactlyOnceProcessor:
                 idle_since = time.monotonic()
                 self._run_batch(batch, max_batches)
             return self.stats
-        except FatalError:
-            log.exception("fatal error: closing the producer and the consumer")
+        except BaseException as exc:
+            failed = exc
+            if isinstance(exc, FatalError):
+                log.exception("fatal error: closing the producer and the consumer")
             raise
         finally:
-            self.close()
+            if failed is None:
+                self.close()
+            else:
+                # What stopped the loop is what run() raises: an exception from closing
+                # (a delivery callback raising while close() aborts) only goes to the log.
+                try:
+                    self.close()
+                except Exception:
+                    log.exception("while closing after %r", failed)
 
     def _done(self, max_batches: int | None) -> bool:
         return self._stop.is_set() or (
@@ -292,10 +303,13 @@ class ExactlyOnceProcessor:
         return batch
 
     def close(self) -> None:
-        """Close both clients (idempotent)."""
-        self.producer.close()
-        with contextlib.suppress(RuntimeError):  # already closed
-            self.consumer.close()
+        """Close both clients (idempotent); the consumer also when the producer's close()
+        raises (a delivery callback's exception, raised once the producer is closed)."""
+        try:
+            self.producer.close()
+        finally:
+            with contextlib.suppress(RuntimeError):  # already closed
+                self.consumer.close()
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: list[Message], max_batches: int | None) -> None:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.serialization import SerializationContext
 
-from ._completion import ABORT_AFTER_FATAL, Completion
+from ._completion import Completion, may_abort_after_fatal
 from ._librdkafka import Driver
 from .config import ProducerSettings, ValidatedConfig, user_key_for, validate_config
 from .delivery import Deliveries, DeliveryCallback
@@ -288,13 +288,17 @@ class TransactionalProducer:
                     self._twophase.begin()
             except KafkaException as exc:
                 raise self._io.on_call_error(exc, "begin_transaction") from exc
-            except BaseException:
-                # A signal's exception (KeyboardInterrupt...) right after librdkafka's
-                # begin returned, or during the wait: librdkafka may be in a transaction
-                # that ours never entered.
-                self._undo_begin()
-                raise
-            self._life.transition_to(_IN_TXN)
+            except BaseException as exc:
+                interrupted = exc
+            else:
+                self._life.transition_to(_IN_TXN)
+                return
+            # A signal's exception (KeyboardInterrupt...) right after librdkafka's begin
+            # returned, or during the wait: librdkafka may be in a transaction that ours
+            # never entered. Undone after the except block: its abort is a librdkafka call
+            # (see transaction()).
+            self._undo_begin()
+            raise interrupted
 
     def _undo_begin(self) -> None:
         """begin_transaction() was interrupted: end the transaction librdkafka may have
@@ -539,17 +543,30 @@ class TransactionalProducer:
         """``with producer.transaction():`` begins, commits on success, and aborts on an
         exception (re-raised). A ``CommitFailedException`` is raised after the abort."""
         self.begin_transaction()
+        failed: BaseException | None = None
         try:
             yield self
-        except BaseException:
-            if self._life.state in (_IN_TXN, State.ABORTABLE):
+        except BaseException as exc:
+            failed = exc
+        if failed is None:
+            try:
+                self.commit_transaction()
+                return
+            except CommitFailedException as exc:
+                failed = exc
+        # The abort runs after the except block, not in it: a confluent-kafka exception
+        # raised while another is handled keeps the handled one (its traceback, the
+        # caller's frames) for good (see Driver.retrying).
+        if isinstance(failed, CommitFailedException) or self._life.state in (
+            _IN_TXN,
+            State.ABORTABLE,
+        ):
+            try:
                 self.abort_transaction()
-            raise
-        try:
-            self.commit_transaction()
-        except CommitFailedException:
-            self.abort_transaction()
-            raise
+            except BaseException as abort_failed:
+                abort_failed.__context__ = failed
+                raise
+        raise failed
 
     # ------------------------------------------------------------------ plumbing calls
     def poll(self, timeout: float = 0) -> int:
@@ -594,12 +611,18 @@ class TransactionalProducer:
                     done = "close() aborted the open transaction and closed the producer"
                 except KafkaTxnError as exc:
                     log.warning("close(): abort of the open transaction failed: %s", exc)
-            aborted_after_fatal = (
-                state is State.FATAL
-                and abort_open
-                and self._life.fatal_from in ABORT_AFTER_FATAL
-                and self._completion.abort_after_fatal(timeout)
+            fatal = self._life.fatal
+            abort_directly = abort_open and (
+                # close() from a signal handler while prepare flushed (same thread): no
+                # state was handed to any decider; librdkafka aborts it directly.
+                state is State.PREPARING
+                or (
+                    state is State.FATAL
+                    and fatal is not None
+                    and may_abort_after_fatal(self._life.fatal_from, fatal.kafka_error)
+                )
             )
+            aborted_after_fatal = abort_directly and self._completion.abort_after_fatal(timeout)
             if aborted_after_fatal:
                 done = "close() aborted the open transaction and closed the producer"
             # A commit whose outcome is unknown (COMMITTING) may already be decided by the

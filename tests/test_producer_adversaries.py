@@ -4,8 +4,9 @@ close() aborts after a fatal error, another thread or a zombie during begin's wa
 
 Each test builds its schedule on the local broker (``broker`` fixture), through
 tests/kafka_proxy.py where the coordinator must answer something the broker would not,
-and checks Kafka with kafka-python's read_committed consumer (tests/rig.py). A test kept
-as a strict xfail shows a promise that does not hold (reason: observed vs promised).
+and checks Kafka with kafka-python's read_committed consumer (tests/rig.py). Nine of them
+broke a promise when written and guard the fixes; the one kept as a strict xfail shows a
+documented non-guarantee (its reason says why).
 """
 
 from __future__ import annotations
@@ -145,14 +146,6 @@ def _group_metadata(bootstrap: str) -> tuple[Consumer, Any]:
     return consumer, consumer.consumer_group_metadata()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed: when the group refused the offsets (fatal) and close() aborts the "
-    "open transaction, a delivery callback that raises during that abort escapes close() "
-    "with no note, the producer still 'fatal', not closed; promised (1.7 with 1.13): the "
-    "exception is raised only after close() finished its work, the producer closed, with "
-    "a note saying the call succeeded",
-)
 def test_close_after_the_group_refused_the_offsets_closes_when_a_callback_raises(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
@@ -185,15 +178,6 @@ def test_close_after_the_group_refused_the_offsets_closes_when_a_callback_raises
             producer.close(timeout=5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed: a signal's exception right after librdkafka's commit returned "
-    "leaves the producer 'committing'; commit_transaction() again, as its hint says, "
-    "raises CommitFailedException (librdkafka is Ready: _STATE) whose advice is 'abort, "
-    "rewind the inputs, and retry' (a duplicate of the committed records), and the "
-    "abort then makes the producer fatal; promised (1.9, 1.6): commit_transaction() "
-    "again commits the same transaction, never aborted",
-)
 def test_commit_again_after_a_signal_right_after_librdkafkas_commit_writes_no_duplicate(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -217,13 +201,6 @@ def test_commit_again_after_a_signal_right_after_librdkafkas_commit_writes_no_du
         producer.close(timeout=5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed: a signal's exception right after librdkafka's abort returned "
-    "leaves the producer 'aborting'; abort_transaction() again, as its hint says, makes "
-    "it fatal (librdkafka is Ready); promised (1.6): the state's advice leads on, the "
-    "aborted transaction stays aborted and the producer usable",
-)
 def test_abort_again_after_a_signal_right_after_librdkafkas_abort_leaves_a_usable_producer(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -255,12 +232,11 @@ class _Held:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="observed: transaction()'s abort runs inside the context manager's except "
-    "block; when librdkafka's abort raises (here a retriable timeout: the coordinator "
-    "holds its EndTxn reply past operation_timeout), confluent-kafka's KafkaError keeps "
-    "the body's exception, its traceback and the caller's frame for good; promised "
-    "(1.11): once the exception is dropped, what the caller's frames held is freed, no "
-    "librdkafka call made while a failure is being handled",
+    reason="not guaranteed (docs/guarantees.md, Not guaranteed): a with block's exit runs "
+    "while the body's exception is handled, so when librdkafka's abort raises there (the "
+    "coordinator holds its EndTxn reply past operation_timeout), confluent-kafka's "
+    "KafkaError keeps the body's exception, its traceback and the caller's frame for "
+    "good. Passes the day confluent-kafka stops doing that",
 )
 def test_the_abort_of_a_transaction_block_lets_go_of_its_callers_frames(
     mock_cluster: Any, mock_config: Callable[..., dict[str, Any]], txn_id: str
@@ -298,16 +274,6 @@ def test_the_abort_of_a_transaction_block_lets_go_of_its_callers_frames(
 _TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed: prepare_transaction() made fatal by its coordinator call "
-    "(DescribeTransactions refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED: DESCRIBE "
-    "not granted on the id) leaves its transaction open after close(): the fatal error "
-    "came in PREPARING, which close() never aborts, so its partitions stay open (read_"
-    "committed readers held back until transaction.timeout.ms); promised (1.13, 2.2): a "
-    "failed prepare is not prepared, and close() aborts a transaction a fatal error left "
-    "open before its commit, at once",
-)
 def test_close_aborts_a_transaction_whose_prepare_failed_fatally(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
@@ -344,16 +310,6 @@ def test_close_aborts_a_transaction_whose_prepare_failed_fatally(
 _TOPIC_AUTHORIZATION_FAILED = 29
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed: a record for a topic the principal may not write (AddPartitionsToTxn "
-    "refused with TOPIC_AUTHORIZATION_FAILED, fatal for kafka-txn by KIP-691, abortable "
-    "for librdkafka) is found inside commit_transaction(): the fatal error comes in "
-    "COMMITTING although librdkafka never sent EndTxn, close() does not abort, and the "
-    "records already written stay open (read_committed readers held back until "
-    "transaction.timeout.ms); promised (1.13): close() aborts a transaction a fatal error "
-    "(authorization) left open before its commit, at once",
-)
 def test_close_aborts_a_transaction_whose_commit_found_a_topic_not_authorized(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
@@ -403,14 +359,6 @@ class _RecordingProducer:
         return getattr(self._inner, name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed: commit_transaction(timeout=0.2) called again after "
-    "TransactionOutcomeUnknownError, while the EndTxn reply is still held, hands "
-    "librdkafka's resumed commit 0.2 s, under the 1 s retry floor; promised (1.9): a "
-    "resumed commit_transaction() is never given less than the floor (given 1 ms, "
-    "librdkafka can abort the process when the held reply arrives)",
-)
 def test_a_resumed_commit_with_a_short_timeout_gets_the_retry_floor(
     mock_cluster: Any, mock_config: Callable[..., dict[str, Any]], txn_id: str
 ) -> None:
@@ -476,15 +424,6 @@ def test_close_after_the_group_refused_the_offsets_and_a_zombie_took_over_warns_
         zombie_killer.close(timeout=5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed: close() called by a signal handler (same thread, re-entering the "
-    "producer's lock) while prepare_transaction() flushes: the state is 'preparing', "
-    "which close() neither aborts nor keeps; the producer closes, prepare then raises "
-    "IllegalStateError, and the transaction's records keep their partition open until "
-    "transaction.timeout.ms; promised (close(), 1.13): an open transaction is aborted "
-    "within close()'s timeout unless prepared, in doubt or its commit's outcome unknown",
-)
 def test_close_from_a_signal_handler_during_prepare_aborts_the_transaction(
     broker: Broker, topic: str, two_phase_config: dict[str, Any], txn_id: str
 ) -> None:
@@ -520,15 +459,6 @@ def test_close_from_a_signal_handler_during_prepare_aborts_the_transaction(
         cleaner.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed: a processor whose offsets the group refused, with an on_delivery "
-    "callback in its producer config that raises when close() aborts and serves the "
-    "purged outputs' reports: run() raises the callback's RuntimeError instead of "
-    "FatalError, and the consumer is left open (ExactlyOnceProcessor.close() stops at "
-    "the producer's close()); promised (6.9, 6.7, 1.7): run() raises FatalError, both "
-    "clients closed, a callback's exception only after the call did its work",
-)
 def test_processor_whose_offsets_the_group_refused_closes_both_clients_when_a_callback_raises(
     broker: Broker, proxy: KafkaProxy, txn_id: str
 ) -> None:

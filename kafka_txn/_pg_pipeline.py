@@ -15,10 +15,11 @@ How:
   connection invalidated (``connection_invalidated``). Callers never see a driver
   exception.
 - psycopg sends its own BEGIN before a transaction's first statement and waits for it,
-  in a pipeline too (it syncs after it). So the BEGIN's hook puts the connection in
+  in a pipeline too (it syncs after it). So the lock statement's hook puts the connection in
   autocommit mode (psycopg then sends no BEGIN), enters the pipeline and queues BEGIN
-  (with the isolation level, read-only and deferrable settings psycopg would have used);
-  the lock statement's hook queues the lock and leaves the pipeline. PostgreSQL runs the
+  (with the isolation level, read-only and deferrable settings psycopg would have used),
+  then queues the lock and leaves the pipeline: all of it inside SQLAlchemy's execution of
+  the lock statement (one statement execution, not two). PostgreSQL runs the
   transaction as before, and psycopg and SQLAlchemy read its state from the server
   (``transaction_status``). Autocommit is switched back off when the transaction ends
   (``Decision.finish``), and a connection where that fails is invalidated rather than
@@ -65,8 +66,9 @@ def pipelining(engine: Engine) -> bool:
 
 class _Step:
     """What the hook does with one statement: ``enter`` the pipeline before queueing
-    it (and switch autocommit on first, with ``autocommit``), and/or ``leave`` the
-    pipeline after (the round trip), reading a COMMIT's outcome (``committing``)."""
+    it (and switch autocommit on first, with ``autocommit``, and queue ``begin``, a
+    BEGIN statement, ahead of it), and/or ``leave`` the pipeline after (the round trip),
+    reading a COMMIT's outcome (``committing``)."""
 
     def __init__(
         self,
@@ -76,12 +78,14 @@ class _Step:
         leave: bool = False,
         autocommit: bool = False,
         committing: bool = False,
+        begin: str | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.enter = enter
         self.leave = leave
         self.autocommit = autocommit
         self.committing = committing
+        self.begin = begin
 
 
 class _Pipeline:
@@ -128,6 +132,8 @@ def _hook(cursor: Any, statement: str, *rest: Any) -> bool | None:
             pipeline.autocommit_on = True
         if step.enter:
             pipeline.enter(cursor.connection)
+        if step.begin is not None:
+            cursor.execute(step.begin)
         cursor.execute(statement, *rest[:-1])
         if step.leave:
             pipeline.leave()
@@ -201,9 +207,9 @@ class Decision:
         if driver is None or driver.autocommit or driver.info.transaction_status.name != "IDLE":
             return self._conn.execute(statement, params).first()
         pipeline = self._lock_pipeline = _Pipeline()
-        begin = _Step(pipeline, enter=True, autocommit=True)
-        self._conn.exec_driver_sql(_begin_statement(driver), execution_options=_options(begin))
-        lock = _Step(pipeline, leave=True)
+        lock = _Step(
+            pipeline, enter=True, autocommit=True, leave=True, begin=_begin_statement(driver)
+        )
         return self._conn.execute(statement, params, execution_options={_STEP: lock}).first()
 
     def execute(self, statement: Any, params: dict[str, Any]) -> None:

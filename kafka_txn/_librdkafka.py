@@ -149,9 +149,12 @@ class Driver:
         transactional call). Otherwise the handle is left to the garbage collector,
         whose rd_kafka_destroy() neither aborts nor waits: a prepared transaction
         outlives this producer, any other is left to its coordinator."""
-        if not close_handle:
-            return
         try:
+            if not close_handle:
+                # Serve what librdkafka queued (its log lines: "Connection refused" after
+                # an init_transactions() that timed out), as its close() would have.
+                self.producer.poll(0)
+                return
             self.producer.flush(0)
             close = getattr(self.producer, "close", None)
             if close is not None:

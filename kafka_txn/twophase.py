@@ -263,6 +263,10 @@ class TwoPhase:
         self.describes_ahead_used = 0
         """DescribeTransactions sent during prepare's flush, and how many of them
         prepare used (for benchmarks and diagnostics)."""
+        self._ahead_early = 0
+        """Prepares since the last one whose first DescribeTransactions, sent as the
+        flush began, came back showing the previous transaction; 0: none (or never
+        asked). See ``_flush_describing``."""
         self.transaction_timeout_s = transaction_timeout_s
         self.min_time_left_s = min_time_left_s
         self._deadline_s = deadline_s
@@ -416,6 +420,15 @@ class TwoPhase:
         ahead: DescribeAhead | None = None
         seen: _Seen | None = None
         send_at = self.begun_at + _REGISTRATION_DELAY_S
+        # Whether this prepare's first describe goes as the flush begins (and shows
+        # whether that is too early): yes unless the last such one came back too early
+        # (records sent just before prepare: librdkafka's 1 ms registration timer had
+        # not run yet), then it waits _REGISTRATION_DELAY_S from here, and every 16th
+        # prepare asks at once again, in case the caller's pattern changed.
+        probing = self._ahead_early == 0 or self._ahead_early >= 16
+        if not probing:
+            self._ahead_early += 1
+            send_at = max(send_at, time.monotonic() + _REGISTRATION_DELAY_S)
         try:
             while True:
                 now = time.monotonic()
@@ -437,8 +450,12 @@ class TwoPhase:
                         send_at = math.inf  # it failed: describe after the flush
                     elif answer.state == "Ongoing" and answer.start_time_ms != self.last_start_ms:
                         seen = _Seen(answer, time.monotonic())
+                        if probing:
+                            self._ahead_early, probing = 0, False
                     else:  # not this transaction yet (its partitions not registered)
                         send_at = time.monotonic()
+                        if probing:
+                            self._ahead_early, probing = 1, False
                 if left == 0 or time.monotonic() >= deadline:
                     return left, seen
         finally:

@@ -12,7 +12,9 @@ transactions) while, on real timers, the test
   transactions, timeouts and unknown server errors, none of which says anything false
   about who owns the transactional id.
 
-Then every writer is killed, one last writer's start() recovers what they left, and:
+Then the faults stop until the writers have committed ten transactions between them (on
+a loaded machine they may spend the whole fault period starting), every writer is
+killed, one last writer's start() recovers what they left, and:
 the database rows equal the records a read_committed consumer sees, each exactly once,
 read with an independent client (kafka-python, not librdkafka); every transaction a
 writer was told committed is there; no writer ever got a report that Kafka lost a
@@ -72,6 +74,10 @@ PROXIED = 2 / 3
 MIN_TRANSACTIONS = 10
 """Fewer committed transactions than this means the writers hardly ran: the run proves
 nothing, and fails."""
+CALM_SECONDS = 90.0
+"""After the faults, how long the writers may take, unharmed, to commit MIN_TRANSACTIONS
+between them: on a loaded machine, writers killed about once a second may spend the
+whole fault period starting (recovery, the fence), and the run would prove nothing."""
 
 # Coordinator errors that say nothing false about the transactional id's owner: the
 # coordinator moved or is loading, another EndTxn is under way, a timeout, or an unknown
@@ -363,6 +369,33 @@ class Adversary:
                 self.act()
                 next_action = now + 0.1 + 0.7 * self.rng.random()
             time.sleep(0.02)
+        self._calm(MIN_TRANSACTIONS, CALM_SECONDS)
+
+    def _calm(self, transactions: int, seconds: float) -> None:
+        """No more faults (paused writers still wake, killed ones are still launched
+        again, as scheduled) until the writers have committed ``transactions`` in all,
+        or ``seconds`` pass: after the storm, they must get on with their work."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                heapq.heappop(self._timers)[2]()
+            for w in self.writers:
+                self.reap(w)
+            if any(w.exited for w in self.writers) or self.committed() >= transactions:
+                return
+            time.sleep(0.2)
+
+    def committed(self) -> int:
+        """Transactions the writers have reported committed so far."""
+        return len(
+            {
+                i.rsplit("-", 1)[0]
+                for _, words in self.events()
+                if words[0] == "committed"
+                for i in words[2:]
+            }
+        )
 
     # ---- what the writers said
     def events(self) -> list[tuple[str, list[str]]]:

@@ -158,17 +158,19 @@ def _throughput(spark: Any, broker: Any, net: Network, args: argparse.Namespace)
         df.foreachPartition(NaivePartitionWriter(net.bootstrap_servers, topic, net.jdbc, table))
         naive.append(args.rows / (time.perf_counter() - start))
 
+        sink_table = f"sink_{uuid.uuid4().hex[:8]}"
         sink = KafkaJdbcSink(
             transactional_id_prefix=f"bench-{uuid.uuid4().hex[:8]}",
             kafka={"bootstrap.servers": net.bootstrap_servers},
             topic=broker.create_topic(3),
             url=net.jdbc,
-            dbtable=f"sink_{uuid.uuid4().hex[:8]}",
+            dbtable=sink_table,
         )
         start = time.perf_counter()
         sink.write(df, batch_id=0)
         sink_rates.append(args.rows / (time.perf_counter() - start))
         sink.close()
+        _drop_tables(net.jdbc, table, sink_table)
     n, s = statistics.median(naive), statistics.median(sink_rates)
     label = f"{args.rows:,} rows, {args.partitions} partitions"
     print(f"\n{label:<40}{'median rows/s':>14}{'runs':>26}")
@@ -189,6 +191,21 @@ def _create_table(jdbc: str, table: str, df: Any) -> None:
     engine = create_engine(jdbc_to_sqlalchemy(jdbc))
     try:
         create_table_if_missing(engine, Mapping.check(df.schema, "t").table(table))
+    finally:
+        engine.dispose()
+
+
+def _drop_tables(jdbc: str, *tables: str) -> None:
+    """Drop what a run created in the database, once it is done with it."""
+    from sqlalchemy import create_engine, text
+
+    from kafka_txn.jdbc import jdbc_to_sqlalchemy
+
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        with engine.begin() as conn:
+            for table in tables:
+                conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
     finally:
         engine.dispose()
 
@@ -220,12 +237,13 @@ def _micro_batches(
     topic = broker.create_topic(3)
     table = f"naive_{uuid.uuid4().hex[:8]}"
     _create_table(net.jdbc, table, frames[0])
+    sink_table = f"sink_{uuid.uuid4().hex[:8]}"
     sink = KafkaJdbcSink(
         transactional_id_prefix=f"bench-small-{uuid.uuid4().hex[:8]}",
         kafka={"bootstrap.servers": net.bootstrap_servers},
         topic=broker.create_topic(3),
         url=net.jdbc,
-        dbtable=f"sink_{uuid.uuid4().hex[:8]}",
+        dbtable=sink_table,
     )
     naive: list[float] = []
     timed: list[float] = []
@@ -238,6 +256,7 @@ def _micro_batches(
         sink.write(frame, batch_id=batch_id)
         timed.append(time.perf_counter() - start)
     sink.close()
+    _drop_tables(net.jdbc, table, sink_table)
     for frame in frames:
         frame.unpersist()
     if not quiet:

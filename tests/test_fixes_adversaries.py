@@ -1,0 +1,231 @@
+"""Red team 2026-11-23 (evening): attacks on today's DualWriter session fixes (30cbc5a):
+the autocommit check (guarantee 4.2), the MariaDB SET STATEMENT lock (4.8/4.9) with
+identifiers validate_identifier accepts, and engines set up the ways their documentation
+recommends. Kafka is checked with a read_committed consumer, the database with SQL."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, event, text
+
+from kafka_txn.dualwrite import DualWriter, database_url
+from kafka_txn.errors import KafkaTxnError
+from tests.rig import Broker
+
+
+def _tid() -> str:
+    return f"fixes-adv-{uuid.uuid4().hex[:10]}"
+
+
+def test_mariadb_lock_with_reserved_and_mixed_case_identifiers(
+    broker: Broker, mariadb_jdbc: str
+) -> None:
+    """validate_identifier accepts reserved words and mixed case; the SET STATEMENT lock
+    quotes them itself (identifier_preparer.quote): a commit and a body failure both
+    work, and the state row under those names holds the committed state."""
+    topic = broker.create_topic()
+    suffix = uuid.uuid4().hex[:8]
+    table = f"Select_{suffix}"
+    names = dict(
+        state_table=table,
+        id_column="key",
+        state_column="Order",
+        updated_column="select",
+        owner_column="Group",
+    )
+    engine = create_engine(database_url(mariadb_jdbc, None, None))
+    tid = _tid()
+    try:
+        with DualWriter(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": tid},
+            engine,
+            lock_timeout=2.0,
+            mark_completed_after=None,
+            **names,
+        ) as writer:
+            with writer.transaction() as tx:
+                tx.produce(topic, b"one", key=b"1")
+            with pytest.raises(RuntimeError), writer.transaction() as tx:
+                tx.produce(topic, b"aborted", key=b"2")
+                raise RuntimeError("body fails")
+            with writer.transaction() as tx:
+                tx.produce(topic, b"two", key=b"3")
+        assert [v for _, v in broker.read_committed(topic, 2)] == [b"one", b"two"]
+        assert broker.open_partitions(topic) == {}
+        with engine.connect() as conn:
+            state = conn.execute(
+                text(f"SELECT `Order` FROM `{table}` WHERE `key` = :t"), {"t": tid}
+            ).scalar_one()
+        assert state
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS `{table}`"))
+        engine.dispose()
+
+
+def _sqlite_recipe_engine(path: str) -> Any:
+    """SQLAlchemy's recommended pysqlite setup: the driver's own transaction handling
+    off (isolation_level=None), BEGIN emitted by SQLAlchemy's begin event."""
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def test_sqlite_recipe_engine_is_accepted_and_rolls_back_both(
+    broker: Broker, tmp_path: Any
+) -> None:
+    """The autocommit check reads sqlite3's in_transaction after the lock: with the
+    recipe, the explicit BEGIN makes it true, so the engine is not refused, and a body
+    failure rolls back the body's row as well as Kafka's records (4.2)."""
+    topic = broker.create_topic()
+    engine = _sqlite_recipe_engine(str(tmp_path / "recipe.db"))
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE rows_ (id INTEGER PRIMARY KEY)"))
+    try:
+        with DualWriter(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": _tid()},
+            engine,
+            mark_completed_after=None,
+        ) as writer:
+            with writer.transaction() as tx:
+                tx.connection.execute(text("INSERT INTO rows_ VALUES (1)"))
+                tx.produce(topic, b"one")
+            with pytest.raises(RuntimeError), writer.transaction() as tx:
+                tx.connection.execute(text("INSERT INTO rows_ VALUES (2)"))
+                tx.produce(topic, b"aborted")
+                raise RuntimeError("body fails")
+            with writer.transaction() as tx:
+                tx.connection.execute(text("INSERT INTO rows_ VALUES (3)"))
+                tx.produce(topic, b"three")
+        assert [v for _, v in broker.read_committed(topic, 2)] == [b"one", b"three"]
+        with engine.connect() as conn:
+            ids = [r[0] for r in conn.execute(text("SELECT id FROM rows_ ORDER BY id"))]
+        assert ids == [1, 3]
+    finally:
+        engine.dispose()
+
+
+def _explicit_begin_engine(url: Any) -> Any:
+    """The pysqlite recipe applied to another driver: the driver's autocommit on
+    (switched on in the pool's connect hook), BEGIN emitted by SQLAlchemy's begin event,
+    so each SQLAlchemy transaction is an explicit database transaction."""
+    engine = create_engine(url)
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        if callable(getattr(dbapi_connection, "autocommit", None)):
+            dbapi_connection.autocommit(True)  # PyMySQL
+        else:
+            dbapi_connection.autocommit = True  # psycopg
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def _explicit_begin_run(broker: Broker, engine: Any, table: str) -> list[int]:
+    topic = broker.create_topic()
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {table} (id INT PRIMARY KEY)"))
+    with DualWriter(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": _tid()},
+        engine,
+        mark_completed_after=None,
+    ) as writer:
+        with writer.transaction() as tx:
+            tx.connection.execute(text(f"INSERT INTO {table} VALUES (1)"))
+            tx.produce(topic, b"one")
+        with pytest.raises(RuntimeError), writer.transaction() as tx:
+            tx.connection.execute(text(f"INSERT INTO {table} VALUES (2)"))
+            tx.produce(topic, b"aborted")
+            raise RuntimeError("body fails")
+    assert [v for _, v in broker.read_committed(topic, 1)] == [b"one"]
+    assert broker.open_partitions(topic) == {}
+    with engine.connect() as conn:
+        return [r[0] for r in conn.execute(text(f"SELECT id FROM {table}"))]
+
+
+def test_postgresql_explicit_begin_over_driver_autocommit_is_accepted(
+    broker: Broker, postgres_jdbc: str
+) -> None:
+    """psycopg's transaction status reads INTRANS after an explicit BEGIN: accepted, and
+    a body failure rolls back both (the same engine on MariaDB: next test)."""
+    table = f"eb_{uuid.uuid4().hex[:8]}"
+    engine = _explicit_begin_engine(database_url(postgres_jdbc, None, None))
+    try:
+        assert _explicit_begin_run(broker, engine, table) == [1]
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+        engine.dispose()
+
+
+@pytest.mark.xfail(strict=True, reason="observed vs promised")
+def test_mariadb_explicit_begin_over_driver_autocommit_is_accepted(
+    broker: Broker, mariadb_jdbc: str
+) -> None:
+    """Promised (4.2, dual-write.md): only a connection where each statement would
+    commit on its own is refused. Observed: PyMySQL's SERVER_STATUS_AUTOCOMMIT flag is
+    the session variable, set also inside an explicit BEGIN ... COMMIT, so this engine,
+    whose statements all run in a transaction (PostgreSQL accepts the same engine), is
+    refused with ConfigurationError 'is in autocommit mode' on every transaction."""
+    table = f"eb_{uuid.uuid4().hex[:8]}"
+    engine = _explicit_begin_engine(database_url(mariadb_jdbc, None, None))
+    try:
+        assert _explicit_begin_run(broker, engine, table) == [1]
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+        engine.dispose()
+
+
+@pytest.mark.xfail(strict=True, reason="observed vs promised")
+def test_mariadb_body_switching_autocommit_on_is_refused_or_rolls_back_both(
+    broker: Broker, mariadb_jdbc: str
+) -> None:
+    """The autocommit check runs once, after the lock: a body that switches the
+    session's autocommit on (SET autocommit=1, which in MySQL/MariaDB commits the open
+    transaction, the state-row lock with it) and then fails. Promised (4.2): an
+    exception in the body rolls back both, or the autocommit connection is refused
+    before anything is written. Observed: the body's row stays committed while Kafka
+    aborted, and no error says so."""
+    topic = broker.create_topic()
+    table = f"ac_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(database_url(mariadb_jdbc, None, None))
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {table} (id INT PRIMARY KEY)"))
+    try:
+        with (
+            DualWriter(
+                {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": _tid()},
+                engine,
+                mark_completed_after=None,
+            ) as writer,
+            pytest.raises((RuntimeError, KafkaTxnError)),
+            writer.transaction() as tx,
+        ):
+            tx.connection.execute(text(f"INSERT INTO {table} VALUES (1)"))
+            tx.connection.execute(text("SET autocommit = 1"))
+            tx.produce(topic, b"aborted")
+            raise RuntimeError("body fails")
+        assert broker.open_partitions(topic) == {}
+        with engine.connect() as conn:
+            ids = [r[0] for r in conn.execute(text(f"SELECT id FROM {table}"))]
+        assert ids == []
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+        engine.dispose()

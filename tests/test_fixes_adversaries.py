@@ -5,6 +5,7 @@ recommends. Kafka is checked with a read_committed consumer, the database with S
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -229,3 +230,64 @@ def test_mariadb_body_switching_autocommit_on_is_refused_or_rolls_back_both(
         with engine.begin() as conn:
             conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
         engine.dispose()
+
+
+def test_start_again_after_its_last_commit_failed_and_another_writer_took_over(
+    broker: Broker, postgres_jdbc: str
+) -> None:
+    """Writer A's start() recovers, settles and initialises (its fence in Kafka), then
+    its session dies before the COMMIT that releases the lock; writer B takes the id
+    over (owner B, its init fences A). A's start() again (_finish_start) must not start
+    a writer that no longer owns the id: it raises, A commits nothing, B commits."""
+    from kafka_txn.errors import FatalError
+
+    topic = broker.create_topic()
+    tid = _tid()
+    table = f"st_{uuid.uuid4().hex[:8]}"
+    url = database_url(postgres_jdbc, None, None)
+    engine_a = create_engine(url, connect_args={"application_name": f"a-{tid}"})
+    engine_b = create_engine(url)
+    admin = create_engine(url)
+    config = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": tid}
+    a = DualWriter(config, engine_a, state_table=table, mark_completed_after=None)
+    b = DualWriter(config, engine_b, state_table=table, mark_completed_after=None)
+    original = a.producer.complete_transaction
+
+    def complete_then_lose_session(*args: Any, **kwargs: Any) -> Any:
+        outcome = original(*args, **kwargs)  # settled, fenced: A's init ran
+        with admin.begin() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = :n"
+                ),
+                {"n": f"a-{tid}"},
+            )
+        b.start()  # the lock went with A's session: B takes the id over
+        return outcome
+
+    a.producer.complete_transaction = complete_then_lose_session  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the session's end, whatever its type
+            a.start()
+        with pytest.raises(FatalError, match="another took the id over"):
+            a.start()  # _finish_start: the row's owner is B
+        with pytest.raises((FatalError, KafkaTxnError)), a.transaction() as tx:
+            tx.produce(topic, b"zombie")
+        with b.transaction() as tx:
+            tx.produce(topic, b"b")
+        assert [v for _, v in broker.read_committed(topic, 1)] == [b"b"]
+        assert broker.open_partitions(topic) == {}
+        with admin.connect() as conn:
+            owner = conn.execute(
+                text(f"SELECT owner FROM {table} WHERE transactional_id = :t"), {"t": tid}
+            ).scalar_one()
+        assert owner == b.owner
+    finally:
+        for w in (a, b):
+            with contextlib.suppress(Exception):  # a fenced writer's close may raise
+                w.close()
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+        for e in (engine_a, engine_b, admin):
+            e.dispose()

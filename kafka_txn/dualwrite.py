@@ -228,16 +228,22 @@ def _is_cancelled(exc: DBAPIError) -> bool:
 def _in_transaction(conn: Connection) -> bool | None:
     """Whether ``conn``'s statements run in a transaction, as the driver last heard (no
     round trip), asked after a statement that takes a lock: psycopg's transaction
-    status (a statement run in autocommit mode leaves it IDLE); PyMySQL's
-    SERVER_STATUS_AUTOCOMMIT flag (SERVER_STATUS_IN_TRANS is not reported after a
-    locking read); sqlite3's ``in_transaction``; None for a driver that does not say."""
-    driver = conn.connection.driver_connection
+    status (a statement run in autocommit mode leaves it IDLE); PyMySQL's status flags:
+    SERVER_STATUS_IN_TRANS (an explicit BEGIN; not reported after a locking read in an
+    implicit transaction) or SERVER_STATUS_AUTOCOMMIT off; sqlite3's
+    ``in_transaction``; None for a driver that does not say."""
+    if conn.invalidated or conn.closed:
+        return None  # a lost connection: no transaction to tell about
+    try:
+        driver = conn.connection.driver_connection
+    except SQLAlchemyError:
+        return None
     status = getattr(getattr(driver, "info", None), "transaction_status", None)
     if status is not None:  # psycopg 3 (an enum), psycopg2 (an int: 0 is IDLE)
         return int(status) != 0
     server_status = getattr(driver, "server_status", None)
     if isinstance(server_status, int):  # PyMySQL: the last OK/EOF packet's status flags
-        return not server_status & 2  # SERVER_STATUS_AUTOCOMMIT
+        return bool(server_status & 1) or not server_status & 2  # IN_TRANS, AUTOCOMMIT
     in_transaction = getattr(driver, "in_transaction", None)
     return in_transaction if isinstance(in_transaction, bool) else None
 
@@ -601,6 +607,23 @@ class _StateRow:
                 "Pass an engine with transactions, e.g. "
                 "engine.execution_options(isolation_level='READ COMMITTED')"
             )
+
+    def body_ended_transaction(self, conn: Connection) -> ConfigurationError | None:
+        """The error for a body that ended the database transaction itself (a COMMIT,
+        ``SET autocommit = 1``, which commits on MySQL/MariaDB), seen after it ran: its
+        statements so far are committed, and the rest would not be atomic with Kafka."""
+        if _in_transaction(conn) is not False:
+            return None
+        return ConfigurationError(
+            f"the database transaction of the DualWriter for {self.transactional_id!r} "
+            "was no longer open after its body ran: the body ended it (a COMMIT, SET "
+            "autocommit = 1, or the driver's autocommit switched on), so what it wrote "
+            "until then may be committed and stay in the database, and the rest ran "
+            "statement by statement; or the database rolled it back after an error. The "
+            "Kafka transaction is aborted, so nothing of it is visible. The body must "
+            "leave the transaction to the writer: no COMMIT, ROLLBACK or autocommit "
+            "switch in it"
+        )
 
     def settle(self, conn: Connection, state: PreparedTxnState) -> None:
         """start(): store the settled state and this writer as the row's owner."""
@@ -1068,13 +1091,15 @@ class DualWriter:
                         self._step("after_begin")
                         yield DualWriteTransaction(conn, producer)
                         self._step("after_send")
+                        ended = self._row.body_ended_transaction(conn)
+                        if ended is not None:
+                            raise ended
                         state = producer.prepare_transaction()
                         self._step("after_prepare")
                         self._row.write(decision, state)
                         self._step("after_state_write")
-                    except BaseException:
-                        decision.discard()
-                        self._roll_back(conn, began, decision)
+                    except BaseException as exc:
+                        self._failed(conn, began, decision, exc)
                         raise
                     self._commit_database(conn, decision)
                 finally:
@@ -1133,6 +1158,27 @@ class DualWriter:
             kafka_error=KafkaError(KafkaError.PRODUCER_FENCED),
         )
         raise self._broken
+
+    def _failed(
+        self, conn: Connection, began: bool, decision: Decision, exc: BaseException
+    ) -> None:
+        """The transaction failed before its database commit: roll both back. If the
+        body had ended the database transaction itself, say so (chaining its error):
+        the database keeps part of what it wrote."""
+        ended = (
+            self._row.body_ended_transaction(conn)
+            if began
+            and isinstance(exc, Exception)
+            and type(exc) is not ConfigurationError
+            # SQLite rolls a transaction back by itself after some errors (SQLITE_FULL,
+            # SQLITE_IOERR): there the body's own error says more.
+            and self._row.dialect != "sqlite"
+            else None
+        )
+        decision.discard()
+        self._roll_back(conn, began, decision)
+        if ended is not None:
+            raise ended from exc
 
     def _roll_back(self, conn: Connection, began: bool, decision: Decision) -> None:
         """The database did not commit: roll it back and abort the Kafka transaction

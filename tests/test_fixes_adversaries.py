@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 from kafka_txn.dualwrite import DualWriter, database_url
-from kafka_txn.errors import KafkaTxnError
+from kafka_txn.errors import ConfigurationError, KafkaTxnError
 from tests.rig import Broker
 
 
@@ -174,7 +174,6 @@ def test_postgresql_explicit_begin_over_driver_autocommit_is_accepted(
         engine.dispose()
 
 
-@pytest.mark.xfail(strict=True, reason="observed vs promised")
 def test_mariadb_explicit_begin_over_driver_autocommit_is_accepted(
     broker: Broker, mariadb_jdbc: str
 ) -> None:
@@ -193,16 +192,16 @@ def test_mariadb_explicit_begin_over_driver_autocommit_is_accepted(
         engine.dispose()
 
 
-@pytest.mark.xfail(strict=True, reason="observed vs promised")
-def test_mariadb_body_switching_autocommit_on_is_refused_or_rolls_back_both(
-    broker: Broker, mariadb_jdbc: str
+@pytest.mark.parametrize("body_fails", [True, False])
+def test_mariadb_body_switching_autocommit_on_is_reported(
+    broker: Broker, mariadb_jdbc: str, body_fails: bool
 ) -> None:
-    """The autocommit check runs once, after the lock: a body that switches the
-    session's autocommit on (SET autocommit=1, which in MySQL/MariaDB commits the open
-    transaction, the state-row lock with it) and then fails. Promised (4.2): an
-    exception in the body rolls back both, or the autocommit connection is refused
-    before anything is written. Observed: the body's row stays committed while Kafka
-    aborted, and no error says so."""
+    """A body that switches the session's autocommit on (SET autocommit=1, which in
+    MySQL/MariaDB commits the open transaction, the state-row lock with it), then fails
+    or returns. What it wrote before cannot be rolled back; the writer aborts Kafka and
+    raises ConfigurationError saying so (the body's own error chained), never a silent
+    divergence (guarantee 4.2; the body must leave the transaction to the writer). Found
+    by the red team: the row stayed committed, Kafka aborted, and nothing said so."""
     topic = broker.create_topic()
     table = f"ac_{uuid.uuid4().hex[:8]}"
     engine = create_engine(database_url(mariadb_jdbc, None, None))
@@ -215,17 +214,21 @@ def test_mariadb_body_switching_autocommit_on_is_refused_or_rolls_back_both(
                 engine,
                 mark_completed_after=None,
             ) as writer,
-            pytest.raises((RuntimeError, KafkaTxnError)),
+            pytest.raises(ConfigurationError, match="no longer open after its body") as raised,
             writer.transaction() as tx,
         ):
             tx.connection.execute(text(f"INSERT INTO {table} VALUES (1)"))
             tx.connection.execute(text("SET autocommit = 1"))
             tx.produce(topic, b"aborted")
-            raise RuntimeError("body fails")
+            if body_fails:
+                raise RuntimeError("body fails")
+        assert isinstance(raised.value.__cause__, RuntimeError) is body_fails
+        assert "may be committed and stay in the database" in str(raised.value)
         assert broker.open_partitions(topic) == {}
+        assert broker.read_committed(topic, expected=0) == []
         with engine.connect() as conn:
             ids = [r[0] for r in conn.execute(text(f"SELECT id FROM {table}"))]
-        assert ids == []
+        assert ids == [1], "committed by the body's own SET autocommit = 1, as reported"
     finally:
         with engine.begin() as conn:
             conn.execute(text(f"DROP TABLE IF EXISTS {table}"))

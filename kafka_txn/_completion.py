@@ -207,8 +207,9 @@ class Completion:
 
     def abort_after_fatal(self, timeout: float | None) -> bool:
         """close() of a producer that a fatal error hit while its transaction was open
-        and neither committing nor prepared (``ABORT_AFTER_FATAL``): librdkafka's
-        abort_transaction(), bounded by ``timeout``. The library calls some errors fatal
+        and may be aborted (``may_abort_after_fatal``), or that a signal handler closes
+        while prepare flushes: librdkafka's abort_transaction(), bounded by
+        ``timeout``. The library calls some errors fatal
         that librdkafka only calls abortable (KIP-691: the group refusing the offsets,
         ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID; authorization), and then librdkafka
         can still abort: at once, rather than the coordinator after

@@ -358,11 +358,7 @@ class Adversary:
         deadline = time.monotonic() + seconds
         next_action = time.monotonic() + 1.0  # let them get going
         while time.monotonic() < deadline:
-            now = time.monotonic()
-            while self._timers and self._timers[0][0] <= now:
-                heapq.heappop(self._timers)[2]()
-            for w in self.writers:
-                self.reap(w)
+            now = self._tick()
             if any(w.exited for w in self.writers):
                 return  # a broken promise (DIVERGED) or a bug: stop and report it
             if now >= next_action:
@@ -377,14 +373,20 @@ class Adversary:
         or ``seconds`` pass: after the storm, they must get on with their work."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            now = time.monotonic()
-            while self._timers and self._timers[0][0] <= now:
-                heapq.heappop(self._timers)[2]()
-            for w in self.writers:
-                self.reap(w)
+            self._tick()
             if any(w.exited for w in self.writers) or self.committed() >= transactions:
                 return
             time.sleep(0.2)
+
+    def _tick(self) -> float:
+        """Run the timers that are due (wake-ups, relaunches) and reap exited writers;
+        returns the time it ran at."""
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            heapq.heappop(self._timers)[2]()
+        for w in self.writers:
+            self.reap(w)
+        return now
 
     def committed(self) -> int:
         """Transactions the writers have reported committed so far."""

@@ -208,14 +208,13 @@ class Completion:
     def abort_after_fatal(self, timeout: float | None) -> bool:
         """close() of a producer that a fatal error hit while its transaction was open
         and may be aborted (``may_abort_after_fatal``), or that a signal handler closes
-        while prepare flushes: librdkafka's abort_transaction(), bounded by
-        ``timeout``. The library calls some errors fatal
-        that librdkafka only calls abortable (KIP-691: the group refusing the offsets,
-        ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID; authorization), and then librdkafka
-        can still abort: at once, rather than the coordinator after
-        transaction.timeout.ms, which until then holds read_committed readers back at
-        that transaction. Where librdkafka is fatal too (fenced), it refuses at once.
-        True if it aborted."""
+        while prepare flushes: librdkafka's abort_transaction(), bounded by ``timeout``.
+        The library calls some errors fatal that librdkafka only calls abortable
+        (KIP-691: the group refusing the offsets, ILLEGAL_GENERATION or
+        UNKNOWN_MEMBER_ID; authorization), and then librdkafka can still abort: at once,
+        rather than the coordinator after transaction.timeout.ms, which until then holds
+        read_committed readers back at that transaction. Where librdkafka is fatal too
+        (fenced), it refuses at once. True if it aborted."""
         try:
             self._io.retrying(
                 "abort_transaction", self._io.producer.abort_transaction, timeout,

@@ -505,11 +505,10 @@ class _StateRow:
         try:
             add_column_if_missing(self.engine, self.table, self._owner, session=bounded)
         except DBAPIError as exc:
-            if _is_lock_timeout(exc) or _is_cancelled(exc):
-                raise self._lock_timed_out(
-                    "start() adding the owner column", cancelled=not _is_lock_timeout(exc)
-                ) from exc
-            raise
+            ended = self._lock_wait_ended(exc, "start() adding the owner column")
+            if ended is None:
+                raise
+            raise ended from exc
 
     def _ensure_row(self) -> None:
         try:
@@ -531,11 +530,10 @@ class _StateRow:
                 except IntegrityError:
                     pass  # another instance inserted it first
         except DBAPIError as exc:
-            if _is_lock_timeout(exc) or _is_cancelled(exc):
-                raise self._lock_timed_out(
-                    "start() creating the state row", cancelled=not _is_lock_timeout(exc)
-                ) from exc
-            raise
+            ended = self._lock_wait_ended(exc, "start() creating the state row")
+            if ended is None:
+                raise
+            raise ended from exc
 
     def lock(self, conn: Connection, decision: Decision | None = None) -> _Row:
         """Lock this writer's state row for the rest of the DB transaction (SELECT ...
@@ -555,11 +553,10 @@ class _StateRow:
             else:
                 row = conn.execute(self._lock_statement, params).first()
         except DBAPIError as exc:
-            if _is_lock_timeout(exc) or _is_cancelled(exc):
-                raise self._lock_timed_out(
-                    "the state-row lock", cancelled=not _is_lock_timeout(exc), conn=conn
-                ) from exc
-            raise
+            ended = self._lock_wait_ended(exc, "the state-row lock", conn=conn)
+            if ended is None:
+                raise
+            raise ended from exc
         self._require_transaction(conn)
         if row is None:
             raise ConfigurationError(
@@ -710,6 +707,16 @@ class _StateRow:
             {"s": max(1, math.ceil(timeout))},
         )
         conn.info["kafka_txn.lock_timeout"] = ms
+
+    def _lock_wait_ended(
+        self, exc: DBAPIError, waiting_for: str, conn: Connection | None = None
+    ) -> TransactionAbortableError | None:
+        """The lock-timeout error for ``exc`` from a statement that waits for a lock, if
+        the wait ran out or the database cancelled it; None for any other error."""
+        timed_out = _is_lock_timeout(exc)
+        if not (timed_out or _is_cancelled(exc)):
+            return None
+        return self._lock_timed_out(waiting_for, cancelled=not timed_out, conn=conn)
 
     def _lock_timed_out(
         self, waiting_for: str, *, cancelled: bool = False, conn: Connection | None = None

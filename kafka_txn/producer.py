@@ -557,10 +557,7 @@ class TransactionalProducer:
         # The abort runs after the except block, not in it: a confluent-kafka exception
         # raised while another is handled keeps the handled one (its traceback, the
         # caller's frames) for good (see Driver.retrying).
-        if isinstance(failed, CommitFailedException) or self._life.state in (
-            _IN_TXN,
-            State.ABORTABLE,
-        ):
+        if self._life.state in (_IN_TXN, State.ABORTABLE):  # a failed commit: ABORTABLE
             try:
                 self.abort_transaction()
             except BaseException as abort_failed:

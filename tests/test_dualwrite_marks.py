@@ -8,9 +8,9 @@ commit's state marked completed before it aborts; when the database refuses that
 it must leave the open transaction alone (the next start() stores the mark, then fences,
 which aborts it), in a failed transaction's rollback and in close().
 
-The mark is made to fail for real: a second PostgreSQL session holds the state row's lock
-(queued behind the failing transaction, so it gets the lock the moment that transaction
-rolls back), and the writer's lock_timeout runs out."""
+The mark is made to fail for real: a second PostgreSQL session holds the state table
+locked in EXCLUSIVE mode (queued behind the failing transaction, so it gets the lock the
+moment that transaction rolls back), and the writer's lock_timeout runs out."""
 
 from __future__ import annotations
 
@@ -40,11 +40,17 @@ def _describe(broker: Broker, txn_id: str) -> TransactionDescription:
 
 
 @contextmanager
-def _row_lock_queued(jdbc: str, table: str, txn_id: str) -> Iterator[threading.Event]:
-    """A session that asks for the state row's lock now and holds it, once granted, until
-    the yielded event is set. Returns once that session is waiting for the lock (PostgreSQL
-    grants a row lock to waiters in order, so it gets the lock before anyone asking
-    later)."""
+def _table_lock_queued(jdbc: str, table: str) -> Iterator[threading.Event]:
+    """A session that asks for the state table's EXCLUSIVE lock now (it conflicts with the
+    ROW SHARE lock of the writer's SELECT ... FOR UPDATE and with the ROW EXCLUSIVE lock of
+    any UPDATE) and holds it, once granted, until the yielded event is set. Returns once
+    that session waits for the lock.
+
+    A table lock rather than the row's: PostgreSQL's lock manager grants a queued table
+    lock inside the releasing transaction's own commit or rollback, so no later UPDATE can
+    overtake it. A queued row lock is only granted once the waiting backend runs again; a
+    row whose locker rolled back is free until then, and on a loaded machine the writer's
+    own next UPDATE took it first (seen in CI)."""
     engine = create_engine(jdbc_to_sqlalchemy(jdbc))
     release, granted = threading.Event(), threading.Event()
     pid: list[int] = []
@@ -52,10 +58,7 @@ def _row_lock_queued(jdbc: str, table: str, txn_id: str) -> Iterator[threading.E
     def hold() -> None:
         with engine.connect() as conn:
             pid.append(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
-            conn.execute(
-                text(f"SELECT 1 FROM {table} WHERE transactional_id = :tid FOR UPDATE"),
-                {"tid": txn_id},
-            )
+            conn.execute(text(f"LOCK TABLE {table} IN EXCLUSIVE MODE"))
             granted.set()
             release.wait(60)
             conn.rollback()
@@ -96,10 +99,10 @@ def test_a_failed_transaction_is_not_aborted_while_the_last_commit_is_unsettled(
 
         def on_step(step: str) -> None:
             # In the second transaction, once its records are sent: queue another session
-            # on the state row (this transaction holds its lock), then fail the transaction.
+            # on the state table (this transaction holds the row lock), then fail it.
             if step == "after_send" and armed.is_set():
                 armed.clear()
-                blockers.enter_context(_row_lock_queued(postgres_jdbc, table, txn_id))
+                blockers.enter_context(_table_lock_queued(postgres_jdbc, table))
                 raise RuntimeError("the application's dual write failed")
 
         writer = DualWriter(
@@ -114,7 +117,7 @@ def test_a_failed_transaction_is_not_aborted_while_the_last_commit_is_unsettled(
             failing = pytest.raises(RuntimeError, match="dual write failed")
             with failing, writer.transaction() as tx:
                 tx.produce(topic, b"second")
-            # The mark could not be stored (the row stays locked past lock_timeout): the
+            # The mark could not be stored (the table stays locked past lock_timeout): the
             # second transaction was not aborted, so the coordinator still shows the first
             # one's outcome as reachable (same epoch, a later transaction open), and the
             # writer has stopped.
@@ -129,7 +132,7 @@ def test_a_failed_transaction_is_not_aborted_while_the_last_commit_is_unsettled(
         finally:
             writer.close()
 
-    # The row is free again. A new writer settles the first commit (provably: the
+    # The table is free again. A new writer settles the first commit (provably: the
     # coordinator still knows it), then its fence aborts the second transaction.
     successor = DualWriter(conf, postgres_jdbc, state_table=table)
     try:

@@ -1,6 +1,6 @@
-"""Fewer database round trips for a dual write on PostgreSQL with psycopg 3, through
-libpq's pipeline mode (libpq 14+, ``psycopg.Pipeline``): BEGIN goes with the statement
-that locks the state row, and the state-row UPDATE with the COMMIT; one round trip
+"""Fewer database round trips for a dual write on PostgreSQL with psycopg 3: BEGIN goes
+with the statement that locks the state row (one simple query), and the state-row UPDATE
+with the COMMIT (libpq's pipeline mode, libpq 14+, ``psycopg.Pipeline``); one round trip
 each instead of two. Elsewhere (MySQL/MariaDB, SQLite, another driver) the statements
 run one by one, as before.
 
@@ -16,10 +16,13 @@ How:
   exception.
 - psycopg sends its own BEGIN before a transaction's first statement and waits for it,
   in a pipeline too (it syncs after it). So the lock statement's hook puts the connection in
-  autocommit mode (psycopg then sends no BEGIN), enters the pipeline and queues BEGIN
-  (with the isolation level, read-only and deferrable settings psycopg would have used),
-  then queues the lock and leaves the pipeline: all of it inside SQLAlchemy's execution of
-  the lock statement (one statement execution, not two). PostgreSQL runs the
+  autocommit mode (psycopg then sends no BEGIN) and sends BEGIN (with the isolation
+  level, read-only and deferrable settings psycopg would have used) and the lock as one
+  simple query, the lock's parameters rendered as literals by psycopg's own
+  ``ClientCursor.mogrify`` (``_inline``): all of it inside SQLAlchemy's execution of
+  the lock statement (one statement execution, not two). A pipeline did the same in
+  one round trip too, at more CPU (entering it, a Sync, leaving it: ~0.1 ms a
+  transaction). PostgreSQL runs the
   transaction as before, and psycopg and SQLAlchemy read its state from the server
   (``transaction_status``). Autocommit is switched back off when the transaction ends
   (``Decision.finish``), and a connection where that fails is invalidated rather than
@@ -68,7 +71,8 @@ class _Step:
     """What the hook does with one statement: ``enter`` the pipeline before queueing
     it (and switch autocommit on first, with ``autocommit``, and queue ``begin``, a
     BEGIN statement, ahead of it), and/or ``leave`` the pipeline after (the round trip),
-    reading a COMMIT's outcome (``committing``)."""
+    reading a COMMIT's outcome (``committing``). With ``inline``, no pipeline: ``begin``
+    and the statement go as one simple query (``_inline``)."""
 
     def __init__(
         self,
@@ -79,6 +83,7 @@ class _Step:
         autocommit: bool = False,
         committing: bool = False,
         begin: str | None = None,
+        inline: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.enter = enter
@@ -86,6 +91,7 @@ class _Step:
         self.autocommit = autocommit
         self.committing = committing
         self.begin = begin
+        self.inline = inline
 
 
 class _Pipeline:
@@ -130,6 +136,9 @@ def _hook(cursor: Any, statement: str, *rest: Any) -> bool | None:
         if step.autocommit:
             cursor.connection.autocommit = True  # no BEGIN of psycopg's own
             pipeline.autocommit_on = True
+        if step.inline:
+            _inline(cursor, step, statement, rest)
+            return True
         if step.enter:
             pipeline.enter(cursor.connection)
         if step.begin is not None:
@@ -152,6 +161,35 @@ def _hook(cursor: Any, statement: str, *rest: Any) -> bool | None:
         raise
     return True
 
+
+def _inline(cursor: Any, step: _Step, statement: str, rest: tuple[Any, ...]) -> None:
+    """``step.begin`` and ``statement`` as one simple query, its parameters rendered as
+    literals by psycopg itself (``ClientCursor.mogrify``): one round trip without
+    pipeline mode, whose entering, Sync and leaving cost more CPU than the two
+    statements. PostgreSQL runs them in order and stops at the first error (the BEGIN
+    has then opened a transaction, rolled back as after any failed statement). The
+    cursor is left on the statement's result. The rendered text is kept on the pooled
+    connection (``context.root_connection.info``; a writer's lock never changes)."""
+    context = rest[-1]
+    params = rest[0] if len(rest) == 2 else None
+    key = (step.begin, statement, None if params is None else tuple(sorted(params.items())))
+    info = context.root_connection.info
+    cached = info.get(_INLINE)
+    if cached is not None and cached[0] == key:
+        query = cached[1]
+    else:
+        client_cursor = context.dialect.dbapi.ClientCursor(cursor.connection)  # psycopg's
+        query = f"{step.begin}; {client_cursor.mogrify(statement, params)}"
+        info[_INLINE] = (key, query)
+    # prepare=False: a simple query (several statements); an engine whose connections
+    # prepare every statement (prepare_threshold=0) would send it as one prepared
+    # statement, which PostgreSQL refuses for two commands.
+    cursor.execute(query, prepare=False)
+    cursor.nextset()
+
+
+_INLINE = "kafka_txn.inline_lock"
+"""The key of the rendered BEGIN and lock in a pooled connection's ``info``."""
 
 _COMMITTED = "committed"
 
@@ -199,17 +237,15 @@ class Decision:
 
     def lock(self, statement: Any, params: dict[str, Any]) -> Any:
         """BEGIN and ``statement`` (the state-row lock; its first row is returned), in
-        one round trip when pipelined and the connection is idle and not in autocommit
-        mode."""
+        one round trip (one simple query, ``_inline``) when pipelined and the
+        connection is idle and not in autocommit mode."""
         if not self._pipelined:
             return self._conn.execute(statement, params).first()
         driver = self._conn.connection.driver_connection
         if driver is None or driver.autocommit or driver.info.transaction_status.name != "IDLE":
             return self._conn.execute(statement, params).first()
         pipeline = self._lock_pipeline = _Pipeline()
-        lock = _Step(
-            pipeline, enter=True, autocommit=True, leave=True, begin=_begin_statement(driver)
-        )
+        lock = _Step(pipeline, autocommit=True, begin=_begin_statement(driver), inline=True)
         return self._conn.execute(statement, params, execution_options={_STEP: lock}).first()
 
     def execute(self, statement: Any, params: dict[str, Any]) -> None:
@@ -250,11 +286,15 @@ class Decision:
         pipeline = self._lock_pipeline
         if pipeline is None or not pipeline.autocommit_on:
             return
-        pipeline.autocommit_on = False
         try:
             self._conn.connection.driver_connection.autocommit = False  # type: ignore[union-attr]
         except Exception:
             self._conn.invalidate()
+        except BaseException:  # interrupted (a signal's exception): never pool it as is
+            self._conn.invalidate()
+            raise
+        finally:
+            pipeline.autocommit_on = False
 
 
 def _options(step: _Step) -> dict[str, Any]:

@@ -74,7 +74,9 @@ from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 from ._ddl import add_column_if_missing, add_column_statement, create_table_if_missing
 from ._pg_pipeline import Decision, pipelining
+from ._rollback_watch import RollbackWatch
 from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings
+from .delivery import _add_note
 from .errors import (
     ConfigurationError,
     DatabaseCommitUnknownError,
@@ -246,6 +248,20 @@ def _in_transaction(conn: Connection) -> bool | None:
         return bool(server_status & 1) or not server_status & 2  # IN_TRANS, AUTOCOMMIT
     in_transaction = getattr(driver, "in_transaction", None)
     return in_transaction if isinstance(in_transaction, bool) else None
+
+
+def _normalized(stored: str) -> str | None:
+    """A stored state as kafka-txn writes it (how ``start()`` and recovery name it), or
+    None if it does not parse."""
+    try:
+        return str(PreparedTxnState.parse(stored))
+    except InvalidPreparedStateError:
+        return None
+
+
+_TEXT_LIMITS = {"TINYTEXT": 255, "TINYBLOB": 255}
+"""Byte limits of MySQL/MariaDB text types that reflect without a length (the states are
+ASCII: bytes are characters); the larger TEXT types hold any state."""
 
 
 class _Row(NamedTuple):
@@ -436,11 +452,45 @@ class _StateRow:
         self._build_statements()
 
     def ensure(self, create: bool) -> None:
-        """The table (if ``create``), its owner column, and this writer's row exist."""
+        """The table (if ``create``), its owner column, and this writer's row exist, and
+        its state column can hold this writer's states."""
         if create:
             create_table_if_missing(self.engine, self.table)  # safe against racing writers
-        self._ensure_owner_column(create)
+        columns = inspect(self.engine).get_columns(self.table.name)
+        self._check_state_column(columns)
+        self._ensure_owner_column(create, {col["name"] for col in columns})
         self._ensure_row()
+
+    def _check_state_column(self, columns: list[Any]) -> None:
+        """Refuse a state column too short for the longest state this writer can store
+        (a table made by hand or by another tool): MySQL/MariaDB outside strict mode
+        truncate a longer value with a mere warning, and a state cut short can make
+        recovery read a committed transaction as a later one and abort it."""
+        longest = PreparedTxnState(
+            transactional_id=self.transactional_id, producer_id=(1 << 63) - 1,
+            producer_epoch=(1 << 15) - 1, txn_start_ms=(1 << 63) - 1, cluster_id="c" * 64,
+            timeout_ms=(1 << 31) - 1,
+        ).mark_completed()  # fmt: skip
+        for col in columns:
+            length = getattr(col["type"], "length", None)
+            if length is None:  # MySQL/MariaDB's TINYTEXT: 255 bytes, no declared length
+                length = _TEXT_LIMITS.get(type(col["type"]).__name__.upper())
+            # MySQL/MariaDB column names ignore case: the writer's statements use this one.
+            same = col["name"].lower() == self._state.name.lower()
+            if not same or length is None or self.dialect == "sqlite":
+                continue  # SQLite does not enforce a declared length
+            need = len(str(longest))
+            if length < need:
+                raise ConfigurationError(
+                    f"the state column {self._state.name!r} of {self.table.name} holds at "
+                    f"most {length} characters, and the states of {self.transactional_id!r} "
+                    f"take up to {need}: a state cut short (MySQL/MariaDB outside strict "
+                    "mode truncate it with a warning) could make recovery abort a "
+                    "transaction the database committed. Widen it to "
+                    f"VARCHAR({MAX_SERIALIZED_LENGTH}) (the size the writer creates); a state "
+                    "stored while it was narrower may be cut short: check the row before "
+                    "starting a writer"
+                )
 
     def _build_statements(self) -> None:
         """Statements built once: SQLAlchemy then reuses their compiled form."""
@@ -483,10 +533,9 @@ class _StateRow:
             .values({self._state: bindparam("completed"), self._updated: func.now()})
         )
 
-    def _ensure_owner_column(self, create: bool) -> None:
+    def _ensure_owner_column(self, create: bool, columns: set[str]) -> None:
         """Add the owner column to a state table created before it existed. Safe when
         several writers start at once (``_ddl.add_column_if_missing``)."""
-        columns = {col["name"] for col in inspect(self.engine).get_columns(self.table.name)}
         if self._owner.name in columns:
             return
         ddl = add_column_statement(self.engine, self.table, self._owner)
@@ -574,6 +623,7 @@ class _StateRow:
         session setting again. A body may have changed the session's setting, which
         stays on the pooled connection."""
         if self.lock_timeout is None:
+            self._bound_lock_wait(conn)  # undoes another writer's bound on this connection
             return conn.execute(self._lock_statement, params).first()
         if not conn.dialect.is_mariadb:  # type: ignore[attr-defined]
             self._bound_lock_wait(conn, fresh=True)
@@ -692,6 +742,13 @@ class _StateRow:
         have set its own since); SQLite's busy timeout, every time (in-process)."""
         timeout = self.lock_timeout
         if timeout is None:
+            if conn.info.pop("kafka_txn.lock_timeout", None) is not None:
+                # Another writer on this engine bounded this pooled connection's session:
+                # back to the database's own setting, as lock_timeout=None promises.
+                conn.execute(
+                    text("SET SESSION innodb_lock_wait_timeout = DEFAULT, "
+                         "lock_wait_timeout = DEFAULT")
+                )  # fmt: skip
             return
         ms = max(1, math.ceil(timeout * 1000))
         if self.dialect == "postgresql":
@@ -846,6 +903,8 @@ class DualWriter:
         )
         self.state_table = self._row.table
         single_connection = isinstance(self.engine.pool, (SingletonThreadPool, StaticPool))
+        self._single_connection = single_connection
+        self._watch = RollbackWatch(self.engine)
         self._marks = _CompletionMarks(
             self._row.store_completed,
             None if single_connection else delay,  # no second connection for a thread
@@ -860,6 +919,9 @@ class DualWriter:
         which has one transaction (other threads wait their turn)."""
         self._serial_thread: int | None = None
         self._unresolved: str | None = None
+        self._resolved: str | None = None
+        """The unresolved state resolve() accepted: start() leaves it in the row, for the
+        first transaction that commits to replace, with the re-sent records."""
         """The stored state the last start() could not settle (diverged, unknowable)."""
         self._after_settle: Callable[[], None] | None = None
         """Test hook: called in start() between the settle commit and the fence."""
@@ -932,13 +994,29 @@ class DualWriter:
         with self.engine.connect() as conn:
             conn.begin()
             stored = PreparedTxnState(self._row.lock(conn).state)
+            # A state resolve() accepted is not recovered again, nor stored completed: it
+            # stays in the row until the first transaction that commits (the re-send of
+            # its records) replaces it in the same database transaction, so a crash
+            # before that leaves it unresolved, never resolved without its records.
+            resolved = self._resolved == str(stored)
+            if self._resolved is not None and not resolved:
+                # Another writer moved the row on since resolve() (its own resolution and
+                # re-send may have committed): re-sending here could duplicate records.
+                accepted, self._resolved = self._resolved, None
+                raise InvalidPreparedStateError(
+                    f"start(): the state resolve() accepted ({accepted!r}) is no longer in "
+                    f"the state row of {self.transactional_id!r}, which holds {str(stored)!r}: "
+                    "another writer moved on since (it may have re-sent the records). Do not "
+                    "re-send them: call start() again and handle what it reports"
+                )
+            kept = stored if resolved else stored.mark_completed()
 
             def settle(outcome: TransactionOutcome) -> None:
                 # Recovery settled `stored`. Store it completed, and this writer as the
                 # owner, before init_transactions() bumps the epoch: a crash from here on
                 # cannot make recovery guess, and from this commit on the previous owner's
                 # transactions fail their owner check.
-                self._row.settle(conn, stored.mark_completed())
+                self._row.settle(conn, kept)
                 conn.commit()
                 if self._after_settle is not None:
                     self._after_settle()
@@ -952,7 +1030,9 @@ class DualWriter:
                 )
 
             try:
-                outcome = self.producer.complete_transaction(stored, before_init=settle)
+                outcome = self.producer.complete_transaction(
+                    PreparedTxnState("") if resolved else stored, before_init=settle
+                )
             except (TransactionDivergedError, TransactionOutcomeUnknowableError):
                 self._unresolved = str(stored)  # what resolve() may then be given
                 raise
@@ -991,15 +1071,18 @@ class DualWriter:
         return outcome
 
     def resolve(self, stored_state: str | PreparedTxnState) -> None:
-        """Record that a transaction recovery could not settle was settled by hand.
+        """Accept a transaction recovery could not settle, for its records to be re-sent.
 
         After ``start()`` raised ``TransactionDivergedError`` or
         ``TransactionOutcomeUnknowableError``, find the rows of that transaction that a
         read_committed consumer does not show, call this with the error's
-        ``stored_state`` (the state row then holds it marked completed), call ``start()``,
-        and re-send those rows in its first transaction. A compare-and-set: if the row
-        holds another state (a newer writer moved on), ``InvalidPreparedStateError`` is
-        raised and nothing changes. Calling it again is harmless."""
+        ``stored_state``, call ``start()``, and re-send those records in the first
+        transaction, which must commit before any other: its database commit replaces
+        the stored state, so the state is settled together with the re-sent records. A
+        crash before that commit leaves the state unresolved, and the next ``start()``
+        reports it again (nothing is lost). Refused with ``InvalidPreparedStateError``
+        if the state row holds another state (a newer writer moved on). Calling it again
+        is harmless."""
         state = (
             stored_state
             if isinstance(stored_state, PreparedTxnState)
@@ -1013,47 +1096,77 @@ class DualWriter:
             return
         if str(state) != self._unresolved:
             # Only a state recovery gave up on: any other (say, a TransactionInDoubtError's
-            # prepared_state) may still be committed by recovery, and marking it completed
+            # prepared_state) may still be committed by recovery, and settling it by hand
             # would drop it.
             raise InvalidPreparedStateError(
                 f"resolve() takes the stored_state of the TransactionDivergedError or "
                 f"TransactionOutcomeUnknowableError that this writer's start() raised; "
                 f"{str(state)!r} is not it: call start() first"
             )
-        self._row.ensure(self._create)
-        if self._row.store_completed(state):
-            log.warning(
-                "dual writer %r: %s resolved by hand and stored completed",
-                self.transactional_id, state,
-                extra={"transactional_id": self.transactional_id, "outcome": "resolved"},
-            )  # fmt: skip
-            return
         row = self._row.read_unlocked()
-        if row is not None and row.state == str(state.mark_completed()):
-            return  # resolved before: resolve() is idempotent
-        raise InvalidPreparedStateError(
-            f"resolve(): the state row of {self.transactional_id!r} holds "
-            f"{None if row is None else row.state!r}, not {str(state)!r}: another writer "
-            "has moved on since; call start() and handle what it reports"
-        )
+        if row is None or _normalized(row.state) != str(state):
+            raise InvalidPreparedStateError(
+                f"resolve(): the state row of {self.transactional_id!r} holds "
+                f"{None if row is None else row.state!r}, not {str(state)!r}: another "
+                "writer has moved on since; call start() and handle what it reports"
+            )
+        self._resolved = str(state)
+        log.warning(
+            "dual writer %r: %s resolved by hand; the first transaction that commits "
+            "replaces it (re-send its records there)", self.transactional_id, state,
+            extra={"transactional_id": self.transactional_id, "outcome": "resolved"},
+        )  # fmt: skip
 
     def store_completed(self) -> bool:
         """Store the last commit's state marked completed now rather than within
         ``mark_completed_after`` (a compare-and-set, as always). False if the database
         refused (logged; the mark stays due). For callers that hand the transactional id
-        to someone else next, such as a sink's driver checking what is unfinished."""
-        return self._marks.flush()
+        to someone else next, such as a sink's driver checking what is unfinished. Also
+        False, without a write, while a transaction of this writer runs on a
+        one-connection pool (the write's COMMIT would commit that transaction's rows)."""
+        if not self._single_connection:
+            return self._marks.flush()
+        if not self._serial.acquire(blocking=False):
+            return False
+        try:
+            return self._marks.flush()
+        finally:
+            self._serial.release()
 
     def close(self) -> None:
         """Store the last commit's state marked completed, close the producer and the
         engine's pool. A transaction in flight aborts; a prepared or in-doubt one (the
-        database may have committed it) is left for the next ``start()``."""
+        database may have committed it) is left for the next ``start()``. On a
+        one-connection pool, a transaction in flight (another thread's) is rolled back by
+        closing that connection, its Kafka transaction left for the next ``start()`` to
+        abort, and the mark stays due: written through that connection, it would commit
+        the transaction's rows."""
         # Before the producer's close, which aborts a transaction in flight and may bump
         # the epoch: if the mark cannot be stored, that transaction is left open instead
         # (the next start() settles the mark, then aborts it).
-        marked = self._marks.close()
-        self.producer._close(abort_open=marked)
-        self.engine.dispose()
+        idle = self._serial.acquire(blocking=False)  # no start()/transaction() under way
+        try:
+            if idle or not self._single_connection:
+                marked = self._marks.close()
+            else:
+                # A transaction is under way on the pool's one connection (another thread,
+                # or this one's body): a mark written through it would COMMIT that
+                # transaction's rows. Leave both: disposing the pool closes the connection,
+                # which rolls the database back, and the Kafka transaction is left to the
+                # next start() (or transaction.timeout.ms), which aborts it.
+                marked = False
+                log.warning(
+                    "close() of the DualWriter for %r during its transaction on a "
+                    "one-connection pool: the open Kafka transaction is left to the next "
+                    "start(), the last commit's completion mark stays due",
+                    self.transactional_id,
+                )
+            self.producer._close(abort_open=marked)
+            self._watch.close()
+            self.engine.dispose()
+        finally:
+            if idle:
+                self._serial.release()
 
     def __enter__(self) -> DualWriter:
         if not self._started:
@@ -1083,6 +1196,7 @@ class DualWriter:
         marks.hold()
         committed = False
         began = False
+        db_committed = False
         try:
             with self.engine.connect() as conn:
                 conn.begin()
@@ -1096,11 +1210,10 @@ class DualWriter:
                         producer.begin_transaction()
                         began = True
                         self._step("after_begin")
+                        self._watch.watch(conn)
                         yield DualWriteTransaction(conn, producer)
                         self._step("after_send")
-                        ended = self._row.body_ended_transaction(conn)
-                        if ended is not None:
-                            raise ended
+                        self._check_body_kept_transaction(conn)
                         state = producer.prepare_transaction()
                         self._step("after_prepare")
                         self._row.write(decision, state)
@@ -1109,17 +1222,28 @@ class DualWriter:
                         self._failed(conn, began, decision, exc)
                         raise
                     self._commit_database(conn, decision)
+                    db_committed = True
                 finally:
                     decision.finish()
                 committed = True
+        except BaseException as exc:
+            if db_committed and self._broken is None:
+                # Interrupted after the database COMMIT (restoring the connection's
+                # autocommit): in doubt, as anything between the two commits.
+                self._broken = self._in_doubt(state, exc)
+            raise
         finally:
             marks.release(superseded=committed)
+        self._commit_kafka(state)
+
+    def _commit_kafka(self, state: PreparedTxnState) -> None:
+        """The second commit, once the database committed."""
         try:
             # From here on the database may have decided: whatever goes wrong (an
             # exception from the hook, a KeyboardInterrupt, the Kafka commit) leaves the
             # transaction prepared for recovery and stops this writer, never aborts.
             self._step("after_db_commit")
-            producer.complete_transaction(state)
+            self.producer.complete_transaction(state)
         except BaseException as exc:
             self._broken = self._in_doubt(state, exc)
             if not isinstance(exc, Exception):
@@ -1127,8 +1251,19 @@ class DualWriter:
             cause = root_exception(exc) if isinstance(exc, KafkaTxnError) else exc
             raise self._broken from cause
         if not state.is_empty:
-            marks.committed(state)
-        self._step("after_kafka_commit")
+            self._marks.committed(state)
+        try:
+            self._step("after_kafka_commit")
+        except BaseException as exc:
+            # Both sides committed: nothing is in doubt and the writer goes on, but the
+            # caller must not take the hook's exception for a failed transaction.
+            _add_note(
+                exc,
+                f"kafka-txn: raised by the on_step hook at 'after_kafka_commit': the dual "
+                f"write of {self.transactional_id!r} is committed in the database and in "
+                "Kafka; do not retry it",
+            )
+            raise
 
     # ------------------------------------------------------------------ internals
     def _step(self, step: str) -> None:
@@ -1172,6 +1307,7 @@ class DualWriter:
         """The transaction failed before its database commit: roll both back. If the
         body had ended the database transaction itself, say so (chaining its error):
         the database keeps part of what it wrote."""
+        self._watch.stop()
         ended = (
             self._row.body_ended_transaction(conn)
             if began
@@ -1186,6 +1322,25 @@ class DualWriter:
         self._roll_back(conn, began, decision)
         if ended is not None:
             raise ended from exc
+
+    def _check_body_kept_transaction(self, conn: Connection) -> None:
+        """After the body: its database transaction must still be the one that holds
+        the state-row lock, neither rolled back by the database after an error the body
+        caught, nor ended by the body itself."""
+        lost = self._watch.rolled_back()
+        if lost is not None:
+            raise TransactionAbortableError(
+                f"the database rolled back the whole transaction of the DualWriter for "
+                f"{self.transactional_id!r} after an error that the body caught ({lost}): "
+                "what the body wrote before it is undone, and the state-row lock with it. "
+                "Nothing of this transaction commits (the Kafka transaction is aborted, "
+                "the database rolled back), so it may be retried as a whole. To skip a "
+                "failing statement, run it in a savepoint "
+                "(with tx.connection.begin_nested(): ...)"
+            )
+        ended = self._row.body_ended_transaction(conn)
+        if ended is not None:
+            raise ended
 
     def _roll_back(self, conn: Connection, began: bool, decision: Decision) -> None:
         """The database did not commit: roll it back and abort the Kafka transaction

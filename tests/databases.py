@@ -7,9 +7,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, select, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
@@ -54,3 +56,27 @@ def ensure_running(name: str, jdbc: str, timeout: float = 60.0) -> str:
 
 def sqlite_jdbc(folder: Path) -> str:
     return f"jdbc:sqlite:{folder / 'kafka-txn.sqlite'}"
+
+
+def unique_name(prefix: str) -> str:
+    """A table name no other test run uses."""
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def id_value_table(name: str) -> Table:
+    """A table of (id, value) rows, as the dual-write red-team tests write."""
+    return Table(
+        name, MetaData(), Column("id", Integer, primary_key=True), Column("value", String(64))
+    )
+
+
+def drop_tables(engine: Engine, *tables: str) -> None:
+    with engine.begin() as conn:
+        for table in tables:
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+
+
+def sorted_values(engine: Engine, table: Table) -> list[str]:
+    """The table's values, read back with a direct SQL query."""
+    with engine.connect() as conn:
+        return sorted(conn.execute(select(table.c.value)).scalars())

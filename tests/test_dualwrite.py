@@ -32,6 +32,7 @@ from kafka_txn import (
     TransactionDivergedError,
     TransactionInDoubtError,
     TransactionOutcome,
+    TransactionOutcomeUnknowableError,
     TransactionOutcomeUnknownError,
 )
 from kafka_txn import dualwrite as dualwrite_module
@@ -780,10 +781,11 @@ def _diverged(
 
 def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_url, txn_id):
     """The database committed a transaction that Kafka aborted (as when the coordinator
-    times it out). start() reports the divergence and keeps reporting it; after the rows
-    are re-sent and resolve() stores the state completed, start() goes on, and the
-    database rows equal what a read_committed consumer sees, each once. resolve() with
-    any other state than the one start() reported is refused and changes nothing."""
+    times it out). start() reports the divergence and keeps reporting it; after
+    resolve(), start() goes on and the first transaction re-sends the rows, its commit
+    replacing the stored state; the database rows equal what a read_committed consumer
+    sees, each once. resolve() with any other state than the one start() reported is
+    refused and changes nothing."""
     topic, events, conf, state = _diverged(broker, jdbc_url, txn_id)
     successor = DualWriter(conf, jdbc_url)
     try:
@@ -799,10 +801,12 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
         assert _state_row(jdbc_url, txn_id) == str(state)  # nothing changed
         successor.resolve(caught.value.stored_state)
         successor.resolve(caught.value.stored_state)  # harmless
-        assert _state_row(jdbc_url, txn_id) == str(state.mark_completed())
+        assert _state_row(jdbc_url, txn_id) == str(state)  # until the re-send commits
         assert successor.start() is TransactionOutcome.NOTHING_TO_COMMIT
+        assert _state_row(jdbc_url, txn_id) == str(state)
         with successor.transaction() as tx:  # re-send what Kafka does not hold
             tx.produce(topic, b"lost")
+        assert _state_row(jdbc_url, txn_id) != str(state)
         _write(successor, events, topic, "next")
     finally:
         successor.close()
@@ -811,6 +815,84 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
     try:
         assert _rows(engine, events) == ["lost", "next"]
     finally:
+        engine.dispose()
+
+
+def test_a_writer_stopped_between_resolve_and_the_resend_leaves_the_divergence_reported(
+    broker, jdbc_url, txn_id
+):
+    """4.12 with the process gone after resolve() and start() but before the transaction
+    that re-sends the records committed (its body failed, then the writer closed): the
+    state row still holds the diverged state, so the next writer's start() reports the
+    divergence again, and resolving it then and re-sending once leaves the database rows
+    equal to what a read_committed consumer sees."""
+    topic, events, conf, state = _diverged(broker, jdbc_url, txn_id)
+    first = DualWriter(conf, jdbc_url)
+    try:
+        with pytest.raises(TransactionDivergedError) as caught:
+            first.start()
+        first.resolve(caught.value.stored_state)
+        first.start()
+        with pytest.raises(RuntimeError), first.transaction() as tx:
+            tx.produce(topic, b"lost")
+            raise RuntimeError("the re-send fails before its commit")
+    finally:
+        first.close()
+    assert _state_row(jdbc_url, txn_id) == str(state)
+    successor = DualWriter(conf, jdbc_url)
+    try:
+        # Reported again: unknowable now, since the first writer's init moved the epoch
+        # on past the stored transaction (which recovery cannot tell from a commit).
+        reported = (TransactionDivergedError, TransactionOutcomeUnknowableError)
+        with pytest.raises(reported) as again:
+            successor.start()
+        assert again.value.stored_state == str(state)
+        successor.resolve(again.value.stored_state)
+        successor.start()
+        with successor.transaction() as tx:
+            tx.produce(topic, b"lost")
+    finally:
+        successor.close()
+    assert [v for _, v in broker.read_committed(topic, expected=1)] == [b"lost"]
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    try:
+        assert _rows(engine, events) == ["lost"]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("database", ["postgres_jdbc", "mariadb_jdbc"])
+def test_a_state_column_too_short_for_the_states_is_refused_at_start(
+    broker, request, database, txn_id
+):
+    """4.10 on a state table made by hand: a state column shorter than this writer's
+    longest state (MySQL/MariaDB outside strict mode would cut states short, and a cut
+    state can make recovery abort what the database committed) is refused by start()
+    with ConfigurationError naming the fix, before anything is written."""
+    jdbc = request.getfixturevalue(database)
+    table = f"narrow_state_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    f"CREATE TABLE {table} (transactional_id VARCHAR(255) PRIMARY KEY, "
+                    "prepared_txn_state VARCHAR(60) NOT NULL, updated_at TIMESTAMP NULL, "
+                    "owner VARCHAR(255) NULL)"
+                )
+            )
+        conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+        writer = DualWriter(conf, jdbc, state_table=table, create_state_table=False)
+        try:
+            with pytest.raises(ConfigurationError, match=r"holds at most 60 characters"):
+                writer.start()
+        finally:
+            writer.close()
+        with engine.connect() as conn:
+            assert conn.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar_one() == 0
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
         engine.dispose()
 
 

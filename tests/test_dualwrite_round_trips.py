@@ -1,7 +1,8 @@
 """DualWriter's own statements on PostgreSQL (psycopg 3) take one round trip each way
-in: BEGIN goes with the state-row lock, the state UPDATE with the COMMIT (pipeline
-mode, kafka_txn._pg_pipeline), and the connection it puts in autocommit mode for that
-never reaches the pool in autocommit mode, whichever way the transaction ended (issue 13)."""
+in: BEGIN goes with the state-row lock (one simple query), the state UPDATE with the
+COMMIT (pipeline mode, kafka_txn._pg_pipeline), and the connection it puts in autocommit
+mode for that never reaches the pool in autocommit mode, whichever way the transaction
+ended (issue 13)."""
 
 from __future__ import annotations
 
@@ -169,6 +170,39 @@ def test_a_dual_write_waits_for_postgresql_three_times(
         answers.close()
     values = sorted(v for _, v in broker.read_committed(topic, expected=4))
     assert values == [b"one", b"three", b"two", b"warm-up"]
+
+
+def test_a_transactional_id_with_quotes_is_one_literal_in_the_lock_sent_with_begin(
+    broker: Broker, postgres_jdbc: str, txn_id: str
+) -> None:
+    """BEGIN and the lock go as one simple query, the lock's parameters rendered as
+    literals by psycopg: a transactional id with quotes, a backslash, a semicolon, a
+    second statement and placeholders finds its own row, and nothing of it runs as SQL
+    (the table it would create does not exist)."""
+    injected = f"kt_injected_{uuid.uuid4().hex[:10]}"
+    tid = f"{txn_id}'o\\brien\"; CREATE TABLE {injected} (i int); -- %s %(tid)s é"
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": tid}
+    topic = broker.create_topic()
+    writer = DualWriter(conf, postgres_jdbc, mark_completed_after=None)
+    try:
+        writer.start()
+        for value in (b"one", b"two"):
+            with writer.transaction() as tx:
+                tx.produce(topic, value)
+        with writer.engine.connect() as conn:
+            stored = conn.execute(
+                text(
+                    "SELECT prepared_txn_state FROM kafka_transaction_state "
+                    "WHERE transactional_id = :t"
+                ),
+                {"t": tid},
+            ).scalar_one()
+            exists = conn.execute(text("SELECT to_regclass(:n)"), {"n": injected}).scalar_one()
+    finally:
+        writer.close()
+    assert stored.startswith("kafka-txn:1;")
+    assert exists is None
+    assert sorted(v for _, v in broker.read_committed(topic, expected=2)) == [b"one", b"two"]
 
 
 def _small_pool(jdbc: str) -> Engine:

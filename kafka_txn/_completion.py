@@ -11,8 +11,10 @@ callback's exception stashed meanwhile (``TransactionalProducer._raise_callback_
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
+from types import FrameType
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -20,8 +22,10 @@ from ._librdkafka import _RETRY_FLOOR_S, Driver
 from .delivery import Deliveries
 from .errors import (
     CommitFailedException,
+    FatalError,
     TransactionAbortableError,
     TransactionOutcomeUnknownError,
+    root_exception,
 )
 from .lifecycle import Lifecycle, State
 from .metrics import MetricsHook, timed
@@ -52,12 +56,14 @@ def may_abort_after_fatal(state: State | None, fatal: KafkaError | None) -> bool
 
 
 def _done_unless_ready(call: Callable[[float], object]) -> Callable[[float], object]:
-    """``call`` (librdkafka's commit or abort, resumed), where librdkafka refusing it in
-    state Ready means it already completed it: a signal's exception came after
-    librdkafka's call returned and before the lifecycle moved on. librdkafka reaches
-    Ready from a commit or abort in progress only by completing it (a failure leaves it
-    AbortableError or fatal), so calling again would be refused (_STATE) and read as a
-    failure, and advice to abort and retry would duplicate a committed transaction."""
+    """``call`` (librdkafka's init, commit or abort, resumed), where librdkafka refusing
+    it in state Ready means it already completed it: a signal's exception came after
+    librdkafka's call returned and before the lifecycle moved on (or an init that timed
+    out went on inside librdkafka). librdkafka reaches Ready from an init, commit or
+    abort in progress only by completing it (a failure leaves it AbortableError or
+    fatal), so calling again would be refused (_STATE) and read as a failure: a healthy
+    producer made fatal, or advice to abort and retry that would duplicate a committed
+    transaction."""
 
     def resumed(timeout: float) -> object:
         try:
@@ -70,6 +76,35 @@ def _done_unless_ready(call: Callable[[float], object]) -> Callable[[float], obj
 
     return resumed
 
+
+_END_TXN_FAILED = "EndTxn commit failed: "
+"""How librdkafka's error for an EndTxn(commit) answered with an error starts
+(rdkafka_txnmgr.c, rd_kafka_txn_handle_EndTxn: "EndTxn %s failed: %s")."""
+
+_END_TXN_NOT_APPLIED = frozenset(
+    {
+        # Answers with which Apache Kafka's coordinator refuses an EndTxn it did not
+        # apply, and that librdkafka calls abortable (TransactionCoordinator.endTransaction;
+        # KIP-360, KIP-890). Fencing and INVALID_TXN_STATE are fatal there and here.
+        KafkaError.UNKNOWN_PRODUCER_ID,
+        KafkaError.INVALID_PRODUCER_ID_MAPPING,
+        KafkaError.TRANSACTION_ABORTABLE,
+    }
+)
+
+
+def _end_txn_may_have_committed(exc: CommitFailedException) -> bool:
+    """The commit failed on EndTxn's answer, and that answer is not a refusal: librdkafka
+    calls every unlisted EndTxn error abortable, but the coordinator may have applied the
+    commit before answering with it (REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR from a broker
+    or gateway in between). Java's producer takes an unlisted EndTxn error as fatal
+    (TransactionManager.EndTxnHandler: "Unhandled error in EndTxnResponse")."""
+    err = exc.kafka_error
+    return err.str().startswith(_END_TXN_FAILED) and err.code() not in _END_TXN_NOT_APPLIED
+
+
+_SEND_NAMES = frozenset({"produce", "send"})
+"""TransactionalProducer's send methods, whose frames hold ``under_way`` as a local."""
 
 _PADDING = 8
 """Entries ``Completion.under_way`` holds when no send is under way. CPython shrinks a
@@ -117,12 +152,15 @@ class Completion:
     def init(self, timeout: float | None) -> None:
         """librdkafka's init_transactions(); a callback's exception stays stashed for the
         public call to raise once done (``_raise_callback_error``)."""
+        init: Callable[[float], object] = self._io.producer.init_transactions
+        if self.init_started:  # resumed
+            init = _done_unless_ready(init)
         self.init_started = True
         self._io.retrying(
-            "init_transactions", self._io.producer.init_transactions, timeout,
-            defer_callback_errors=True,
+            "init_transactions", init, timeout, defer_callback_errors=True,
         )  # fmt: skip
-        self._life.transition_to(State.READY)
+        if not self._life.finish(State.READY):
+            return  # initialised, and closed meanwhile: nothing more to set up
         if self._twophase is not None:
             self._io.drain(defer_callback_errors=True)  # statistics queued before init are stale
             self._twophase.identity.invalidate()
@@ -165,12 +203,40 @@ class Completion:
                     "commit_transaction", commit, timeout, defer_callback_errors=True,
                     first_floor=first_floor,
                 )  # fmt: skip
-            except CommitFailedException:
+            except CommitFailedException as exc:
                 # A record that failed during commit's flush is the real cause (KIP-691).
                 if self._deliveries.first_failure is not None:
                     raise self._io.commit_failed(self._deliveries.first_failure)  # noqa: B904
-                raise
-            self._life.transition_to(State.READY)
+                if not _end_txn_may_have_committed(exc):
+                    raise
+                unknown = exc
+            else:
+                self._life.finish(State.READY)  # committed, also if close() ran meanwhile
+                return
+            raise self._commit_may_have_applied(unknown)
+
+    def _commit_may_have_applied(self, exc: CommitFailedException) -> FatalError:
+        """The producer is unusable after an EndTxn answer that may follow an applied
+        commit: librdkafka wants an abort, yet the transaction may be committed, so
+        advice to abort and retry could write it twice."""
+        err = exc.kafka_error
+        fatal = FatalError(
+            f"commit_transaction(): the coordinator answered EndTxn(commit) with "
+            f"{err.name()} ({err.str()}), which does not say the commit was refused: it may "
+            "have committed the transaction before answering, so whether it committed is "
+            "unknown. Do not abort and retry it (that could write it twice). Close this "
+            "producer: the next init_transactions() of this transactional id completes or "
+            "aborts it; a consume-process-produce loop restarts from the offsets committed "
+            "with the last transaction that committed; otherwise read the output to learn "
+            "whether it is there before sending it again",
+            kafka_error=err,
+        )
+        fatal.__cause__ = root_exception(exc)
+        self._life.enter_fatal(fatal)
+        # The commit was sent and may be applied: like a prepared commit in doubt, never
+        # aborted by close() (may_abort_after_fatal), whatever librdkafka calls the error.
+        self._life.fatal_from = State.IN_DOUBT
+        return fatal
 
     def abort(self, timeout: float | None) -> None:
         """The body of abort_transaction(); a callback's exception stays stashed."""
@@ -196,6 +262,8 @@ class Completion:
                     operation="abort_transaction",
                 )
             self._io.retrying("abort_transaction", abort, timeout, defer_callback_errors=True)
+            if self._life.state is State.CLOSED:
+                return  # aborted; close() ran meanwhile and let go of the handle
             # librdkafka purged the queue; serve those reports now so that none of them is
             # counted against the next transaction.
             self._io.drain(defer_callback_errors=True)
@@ -242,6 +310,24 @@ class Completion:
         if not self.await_sends(deadline):
             raise prepare_failed("a produce()/send() in another thread did not return")
 
+    def _own_sends(self) -> int:
+        """produce()/send() calls of this producer under way on the calling thread
+        itself: a signal handler (SIGTERM calling close()) runs on the main thread
+        between two bytecodes, also inside a send whose librdkafka produce() returned.
+        Those sends cannot return while this thread waits, so they are not waited for:
+        their record is queued already, and the abort (or commit) covers it. Found by
+        walking this thread's frames (no cost per record)."""
+        own = 0
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if (
+                frame.f_code.co_name in _SEND_NAMES
+                and frame.f_locals.get("under_way") is self.under_way
+            ):
+                own += 1
+            frame = frame.f_back
+        return own
+
     def await_sends(self, deadline: float) -> bool:
         """Wait until no produce()/send() is under way; False if one still is at
         ``deadline``. The state is no longer IN_TRANSACTION (preparing, committing,
@@ -254,8 +340,9 @@ class Completion:
         enqueue, an allocation may run the garbage collector, whose finalizers are
         Python code, where the GIL may pass to the thread that prepares.)"""
         under_way = self.under_way
+        idle = _PADDING + self._own_sends()
         while True:
-            if len(under_way) == _PADDING:
+            if len(under_way) <= idle:
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -427,4 +427,10 @@ def _outcome_unknown_message(operation: str, budget: float, err: KafkaError) -> 
         )
     if operation == "abort_transaction":
         return f"{base}: call abort_transaction() again, or close() the producer"
+    if operation == "init_transactions":
+        return (
+            f"{base}: call init_transactions() again. The coordinator may already have "
+            "fenced older instances of this transactional.id and aborted their open "
+            "transaction"
+        )
     return f"{base}: call {operation}() again"

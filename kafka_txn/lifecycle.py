@@ -164,6 +164,23 @@ class Lifecycle:
             log.debug("producer %r: %s -> %s", self._name, source.value, target.value)
         self.state = target
 
+    def finish(self, target: State) -> bool:
+        """A blocking call has returned: move to ``target``, unless close() ran while it
+        did (a signal handler on the calling thread: the producer's lock is reentrant).
+        Then the producer stays CLOSED and this returns False; the caller reports what
+        its call did at the broker, or ``closed_while`` where that cannot be used."""
+        if self.state is S.CLOSED:
+            return False
+        self.transition_to(target)
+        return True
+
+    def closed_while(self, operation: str, outcome: str) -> IllegalStateError:
+        """The error for a call whose producer close() closed while it ran."""
+        return IllegalStateError(
+            f"{_call(operation)}: close() closed the producer while the call ran (from a "
+            f"signal handler?): {outcome}"
+        )
+
     def enter_fatal(self, exc: FatalError) -> None:
         """The producer is unusable; the first fatal error is the one every call raises."""
         if self.fatal is None:

@@ -23,6 +23,7 @@ from confluent_kafka.serialization import SerializationContext
 
 from ._completion import Completion, may_abort_after_fatal
 from ._librdkafka import Driver
+from .classification import produce_failure
 from .config import ProducerSettings, ValidatedConfig, user_key_for, validate_config
 from .delivery import Deliveries, DeliveryCallback
 from .errors import (
@@ -291,7 +292,10 @@ class TransactionalProducer:
             except BaseException as exc:
                 interrupted = exc
             else:
-                self._life.transition_to(_IN_TXN)
+                if not self._life.finish(_IN_TXN):
+                    # close() let go of the handle (or its confluent-kafka close()
+                    # aborted librdkafka's empty transaction): nothing can be sent.
+                    raise self._life.closed_while("begin_transaction", "no transaction is open")
                 return
             # A signal's exception (KeyboardInterrupt...) right after librdkafka's begin
             # returned, or during the wait: librdkafka may be in a transaction that ours
@@ -349,36 +353,43 @@ class TransactionalProducer:
         has started."""
         under_way = self._under_way
         under_way.append(None)  # before the state check: see Completion.await_sends
-        try:
-            if self._life.state is not _IN_TXN:
-                self._life.refuse_send("produce")
-            if self._serializing:
-                key, value = self._io.serialize(topic, key, value, headers)
-            cb = None if on_delivery is None else self._deliveries.chain(on_delivery)
+        try:  # the outer try also covers the pop: a signal may strike there too
             try:
-                # Positional on purpose, and no more arguments than needed: confluent-kafka's
-                # argument parsing costs ~0.3 µs with keywords, and ~20 ns for a None key,
-                # ~40 ns for partition -1, each. Order: topic, value, key, partition,
-                # callback, on_delivery, timestamp, headers; a None callback means the
-                # default one (Deliveries.sink).
-                if cb is None and partition == -1 and timestamp == 0 and headers is None:
-                    if key is None:
-                        self._produce(topic, value)
+                if self._life.state is not _IN_TXN:
+                    self._life.refuse_send("produce")
+                if self._serializing:
+                    key, value = self._io.serialize(topic, key, value, headers)
+                cb = None if on_delivery is None else self._deliveries.chain(on_delivery)
+                try:
+                    # Positional on purpose, and no more arguments than needed: confluent-kafka's
+                    # argument parsing costs ~0.3 µs with keywords, and ~20 ns for a None key,
+                    # ~40 ns for partition -1, each. Order: topic, value, key, partition,
+                    # callback, on_delivery, timestamp, headers; a None callback means the
+                    # default one (Deliveries.sink).
+                    if cb is None and partition == -1 and timestamp == 0 and headers is None:
+                        if key is None:
+                            self._produce(topic, value)
+                        else:
+                            self._produce(topic, value, key)
+                    elif cb is None and timestamp == 0 and headers is None:
+                        self._produce(topic, value, key, partition)
                     else:
-                        self._produce(topic, value, key)
-                elif cb is None and timestamp == 0 and headers is None:
-                    self._produce(topic, value, key, partition)
-                else:
-                    self._produce(topic, value, key, partition, cb, None, timestamp, headers)
-                return
-            except Exception as exc:
-                failed = exc
-            # Outside the except block: the slow path calls librdkafka again, and a
-            # KafkaException raised while another is handled pins the handled one's frames
-            # for good (confluent-kafka's KafkaError, see Driver.retrying).
-            self._io.produce_failed(failed, topic, value, key, partition, cb, timestamp, headers)
-        finally:
-            under_way.pop()
+                        self._produce(topic, value, key, partition, cb, None, timestamp, headers)
+                    return
+                except Exception as exc:
+                    failed = exc
+                # Outside the except block: the slow path calls librdkafka again, and a
+                # KafkaException raised while another is handled pins the handled one's frames
+                # for good (confluent-kafka's KafkaError, see Driver.retrying).
+                self._io.produce_failed(
+                    failed, topic, value, key, partition, cb, timestamp, headers
+                )
+            finally:
+                under_way.pop()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._interrupted_send(exc, topic, partition, key)
+            raise
 
     def send(
         self,
@@ -392,28 +403,50 @@ class TransactionalProducer:
         """Like ``produce()``, returning a ``DeliveryFuture`` of the delivered ``Message``."""
         under_way = self._under_way
         under_way.append(None)  # before the state check: see Completion.await_sends
-        try:
-            if self._life.state is not _IN_TXN:
-                self._life.refuse_send("send")
-            if self._serializing:
-                key, value = self._io.serialize(topic, key, value, headers)
-            future = DeliveryFuture()  # C-level: the class has no __init__ (futures.py)
-            future._owner = self._deliveries
-            future._outcome = _PENDING
+        try:  # the outer try also covers the pop, as in produce()
             try:
-                if timestamp == 0 and headers is None:
-                    self._produce(topic, value, key, partition, future)
-                else:
-                    self._produce(topic, value, key, partition, future, None, timestamp, headers)
+                if self._life.state is not _IN_TXN:
+                    self._life.refuse_send("send")
+                if self._serializing:
+                    key, value = self._io.serialize(topic, key, value, headers)
+                future = DeliveryFuture()  # C-level: the class has no __init__ (futures.py)
+                future._owner = self._deliveries
+                future._outcome = _PENDING
+                try:
+                    if timestamp == 0 and headers is None:
+                        self._produce(topic, value, key, partition, future)
+                    else:
+                        self._produce(
+                            topic, value, key, partition, future, None, timestamp, headers
+                        )
+                    return future
+                except Exception as exc:
+                    failed = exc
+                self._io.produce_failed(  # outside the except block, as in produce()
+                    failed, topic, value, key, partition, future, timestamp, headers
+                )
                 return future
-            except Exception as exc:
-                failed = exc
-            self._io.produce_failed(  # outside the except block, as in produce()
-                failed, topic, value, key, partition, future, timestamp, headers
-            )
-            return future
-        finally:
-            under_way.pop()
+            finally:
+                under_way.pop()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._interrupted_send(exc, topic, partition, key)
+            raise
+
+    def _interrupted_send(self, exc: BaseException, topic: str, partition: int, key: Any) -> None:
+        """A signal's exception (KeyboardInterrupt...) came out of produce()/send(): it may
+        have come right after librdkafka queued the record, so whether the record is in
+        the transaction is unknown, while the caller was told the send failed (and may
+        send it again). The transaction must not commit: the send counts as a failed
+        record, which commit and prepare report (abort and retry)."""
+        err = KafkaError(
+            KafkaError._INTR,
+            f"{type(exc).__name__} during produce()/send(): the record may have been "
+            "queued though the call raised, so this transaction cannot commit; abort it",
+        )
+        self._deliveries.record_failure(
+            produce_failure(err, topic, partition, key if isinstance(key, (bytes, str)) else None)
+        )
 
     def send_offsets_to_transaction(
         self,
@@ -429,7 +462,9 @@ class TransactionalProducer:
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Commit the open transaction. Raises ``CommitFailedException`` for every
-        non-fatal failure (abort and retry), ``FatalError`` when the producer is dead, and
+        non-fatal failure (abort and retry), ``FatalError`` when the producer is dead or
+        when EndTxn was answered with an error that is not a refusal (the coordinator may
+        have committed: the outcome is unknown, never retry it blindly), and
         ``TransactionOutcomeUnknownError`` when retriable errors outlast the deadline (call
         ``commit_transaction()`` again; never abort then). A prepared transaction's
         failed commit raises ``TransactionInDoubtError`` instead: it is never aborted."""
@@ -508,6 +543,8 @@ class TransactionalProducer:
                     f"complete_transaction() succeeded: recovery's outcome is {outcome.value}"
                 )
                 return outcome
+            if current is State.ABORTING:  # an abort that ran out of time: resume it
+                self._life.require("complete_transaction")  # names abort_transaction()
             if current not in ALLOWED["complete_transaction"]:
                 self._life.raise_if_dead("complete_transaction")
                 raise IllegalStateError(

@@ -418,7 +418,16 @@ def recover(
         client.end_txn(p, e, commit=True)
     except CoordinatorError as exc:
         if exc.code not in _REFUSALS:
-            raise
+            if exc.retriable or not commit_confirmed(stored, client.describe()):
+                raise
+            # An answer that is neither a refusal nor retriable (UNKNOWN_SERVER_ERROR from
+            # a Kafka-compatible broker or a gateway) after the coordinator applied the
+            # commit: it shows the stored transaction committed, so recovery committed it.
+            log.warning(
+                "recovery of %r: EndTxn(commit) was answered with %s, yet the coordinator "
+                "shows the stored transaction committed", tid, exc.kafka_error.name(),
+            )  # fmt: skip
+            return TransactionOutcome.COMMITTED
         seen = client.describe()
         decision = decide(stored, seen)
         if decision.verdict is Verdict.COMMIT:

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from ._librdkafka import Driver
+from ._librdkafka import _RETRY_FLOOR_S, Driver
 from .classification import exception_for
 from .config import ValidatedConfig
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
@@ -397,8 +397,13 @@ class TwoPhase:
         except BaseException as exc:
             self._prepare_failed(exc)
             raise
+        if not self._life.finish(State.PREPARED):
+            # close() aborted it directly, or left it to the coordinator: never hand out
+            # a state for a transaction that cannot commit.
+            raise self._life.closed_while(
+                "prepare_transaction", "the transaction is not prepared and will not commit"
+            )
         self.prepared = state
-        self._life.transition_to(State.PREPARED)
         return state
 
     def _flush_describing(self, deadline: float) -> tuple[int, _Seen | None]:
@@ -478,11 +483,14 @@ class TwoPhase:
         external decider may already have decided "commit", so whatever fails now, it is
         never aborted (KIP-939's completeTransaction contract)."""
         prepared = self.prepared
+        # A resumed commit (its outcome unknown before) gets at least the retry floor:
+        # given less, librdkafka may abort the process (see _librdkafka._RETRY_FLOOR_S).
+        resumed = self._life.state is State.IN_DOUBT
         self._life.transition_to(State.IN_DOUBT)
         try:
             self._io.retrying(
                 "commit_transaction", self._io.producer.commit_transaction, timeout,
-                defer_callback_errors=True,
+                defer_callback_errors=True, first_floor=_RETRY_FLOOR_S if resumed else 0.001,
             )  # fmt: skip
         except KafkaTxnError as exc:
             retriable = isinstance(exc, TransactionOutcomeUnknownError)
@@ -498,7 +506,7 @@ class TwoPhase:
                 prepared_state=str(prepared),
                 retriable=retriable,
             ) from root_exception(exc)
-        self._life.transition_to(State.READY)
+        self._life.finish(State.READY)  # committed, also if close() ran meanwhile
         self.prepared = None
 
     def decides_commit(self, state: PreparedTxnState) -> bool:
@@ -513,7 +521,8 @@ class TwoPhase:
         assert prepared is not None  # PREPARED and IN_DOUBT hold it
         if state.is_empty:
             return prepared.is_empty
-        check_belongs(state, self.transactional_id, self.cluster_id)
+        cluster_id = self.require_cluster(state, "complete_transaction")
+        check_belongs(state, self.transactional_id, cluster_id)
         if state.txn_start_ms is None:
             raise InvalidPreparedStateError(
                 f"complete_transaction(): the state {str(state)!r} has no transaction start "
@@ -545,6 +554,23 @@ class TwoPhase:
             except KafkaException as exc:
                 log.warning("could not read the cluster id: %s", exc)
         return self.cluster_id
+
+    def require_cluster(self, state: PreparedTxnState, operation: str) -> str | None:
+        """This cluster's id, to check ``state`` against: a state that names a cluster
+        is never decided while this one's id cannot be read (librdkafka's metadata did
+        not answer in time), since a state of another cluster could otherwise commit or
+        abort a transaction of this one. Nothing is decided then: call again."""
+        cluster_id = self.cluster(self._io.producer, time.monotonic() + self._deadline_s)
+        if state.cluster_id and cluster_id is None:
+            raise TransactionOutcomeUnknownError(
+                f"{operation}(): the id of the Kafka cluster could not be read within "
+                f"{self._deadline_s:g}s, so whether the state (prepared on cluster "
+                f"{state.cluster_id!r}) belongs to this cluster is unknown. Nothing was "
+                "committed or aborted: call it again once the brokers answer",
+                kafka_error=KafkaError(KafkaError._TIMED_OUT),
+                operation=operation,
+            )
+        return cluster_id
 
     def confirm(
         self,
@@ -664,7 +690,7 @@ class TwoPhase:
 
     def recover(self, stored: PreparedTxnState) -> TransactionOutcome:
         """Settle a stored state from a fresh producer, before its init (recovery.py)."""
-        cluster_id = self.cluster(self._io.producer, time.monotonic() + self._deadline_s)
+        cluster_id = self.require_cluster(stored, "complete_transaction")
         return self.call(
             "complete_transaction",
             partial(recover, self.client, stored, cluster_id),

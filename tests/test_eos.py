@@ -294,6 +294,35 @@ def test_processor_whose_offsets_the_group_refused_stops_and_its_successor_loses
     assert sorted(v for _, v in broker.read_committed(sink, expected=3)) == values
 
 
+def test_processor_whose_commit_was_applied_then_answered_with_an_error_outputs_once(broker):
+    """6.1 with a commit the coordinator applied and then answered with an error that is
+    not a refusal (REQUEST_TIMED_OUT): the processor must not take it as "not committed"
+    (abort, rewind, write again). run() stops with FatalError saying the outcome is
+    unknown; the group's offsets moved with the committed transaction, so a successor
+    with the same transactional id reads nothing again, and every input is in the output
+    once (kafka-python's read_committed consumer)."""
+    source, sink = broker.create_topic(1), broker.create_topic(1)
+    values = [b"a", b"b", b"c"]
+    _seed(broker, source, values)
+    group, txn_id = f"g-{uuid.uuid4().hex[:8]}", f"eos-{uuid.uuid4().hex[:8]}"
+    with KafkaProxy(broker.bootstrap_servers) as proxy:
+        lost = proxy.fail(ApiKey.END_TXN, KafkaError.REQUEST_TIMED_OUT, forward=True, times=1)
+        first = ExactlyOnceProcessor(
+            {"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
+             "session.timeout.ms": 6000},
+            {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
+            [source], lambda r: [(sink, r.value())], batch_size=25,
+        )  # fmt: skip
+        with pytest.raises(FatalError, match="whether it committed is unknown"):
+            first.run(idle_timeout=60)
+        assert lost.hits == 1
+    assert sorted(v for _, v in broker.read_committed(sink, expected=3)) == values
+    assert _committed(broker, group, source, 1) == {0: 3}
+    successor = _processor(broker, source, sink, group, lambda r: [(sink, r.value())], txn_id)
+    successor.run(idle_timeout=3)
+    assert sorted(v for _, v in broker.read_committed(sink, expected=3)) == values
+
+
 def _capture(fn):
     try:
         return fn()

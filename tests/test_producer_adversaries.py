@@ -22,11 +22,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 import kafka_txn.twophase as twophase_module
 from kafka_txn import TransactionalProducer
-from kafka_txn.errors import FatalError, KafkaTxnError, TransactionOutcomeUnknownError
+from kafka_txn.errors import (
+    CommitFailedException,
+    FatalError,
+    KafkaTxnError,
+    TransactionOutcomeUnknownError,
+)
 from tests.kafka_proxy import ApiKey, KafkaProxy
 from tests.rig import Broker
 
@@ -541,3 +546,278 @@ def test_a_signal_right_after_the_prepared_commit_returned_is_in_doubt_then_reco
         assert broker.read_committed(topic, expected=2) == [(None, b"once"), (None, b"next")]
     finally:
         successor.close(timeout=5)
+
+
+def _close_after_c_call(name: str, producer: TransactionalProducer, seen: list[str]) -> Any:
+    """A profile function standing for a SIGTERM handler that calls ``producer.close()``
+    and returns (no exception): run as the C function ``name`` returns, the point where
+    CPython runs a handler for a signal that arrived during the call."""
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_return" and getattr(arg, "__name__", "") == name:
+            sys.setprofile(None)
+            seen.append(producer.state)
+            producer.close(timeout=10)
+
+    return profile
+
+
+def _fresh_producer_commits(broker: Broker, config: dict[str, Any], topic: str) -> None:
+    """The id is usable again: a new instance initialises (settling whatever was left
+    open), and its transaction commits."""
+    successor = TransactionalProducer(config, operation_timeout=20)
+    try:
+        successor.init_transactions()
+        successor.begin_transaction()
+        successor.produce(topic, b"successor", partition=0)
+        successor.commit_transaction()
+    finally:
+        successor.close(timeout=5)
+
+
+@pytest.mark.parametrize("two_phase", [False, True], ids=["plain", "two-phase"])
+def test_close_from_a_signal_handler_right_after_librdkafkas_commit_reports_the_commit(
+    broker: Broker, topic: str, producer_config: dict[str, Any], two_phase: bool
+) -> None:
+    """1.6: a handler that closes the producer as librdkafka's commit returns (the
+    commit is done at the broker) must not turn the commit into an error: the call
+    returns as committed, the records are visible once, the producer is closed."""
+    config = {**producer_config, "transaction.two.phase.commit.enable": two_phase}
+    producer = TransactionalProducer(config, operation_timeout=20)
+    seen: list[str] = []
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"once", partition=0)
+        state = producer.prepare_transaction() if two_phase else None
+        sys.setprofile(_close_after_c_call("commit_transaction", producer, seen))
+        try:
+            if state is not None:
+                assert producer.complete_transaction(state).value == "committed"
+            else:
+                producer.commit_transaction()
+        finally:
+            sys.setprofile(None)
+        assert seen == ["in doubt" if two_phase else "committing"]
+        assert producer.state == "closed"
+        with pytest.raises(KafkaTxnError, match="after close"):
+            producer.begin_transaction()
+    finally:
+        producer.close(timeout=5)
+    assert broker.read_committed(topic, expected=1) == [(None, b"once")]
+    _fresh_producer_commits(broker, config, topic)
+    assert broker.read_committed(topic, expected=2) == [(None, b"once"), (None, b"successor")]
+
+
+def test_close_from_a_signal_handler_right_after_librdkafkas_abort_reports_the_abort(
+    broker: Broker, topic: str, producer_config: dict[str, Any]
+) -> None:
+    producer = TransactionalProducer(producer_config, operation_timeout=20)
+    seen: list[str] = []
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"aborted", partition=0)
+        producer.flush(10)
+        sys.setprofile(_close_after_c_call("abort_transaction", producer, seen))
+        try:
+            producer.abort_transaction()
+        finally:
+            sys.setprofile(None)
+        assert seen == ["aborting"]
+        assert producer.state == "closed"
+    finally:
+        producer.close(timeout=5)
+    assert broker.open_partitions(topic) == {}
+    _fresh_producer_commits(broker, producer_config, topic)
+    assert broker.read_committed(topic, expected=1) == [(None, b"successor")]
+
+
+@pytest.mark.parametrize("two_phase", [False, True], ids=["plain", "two-phase"])
+def test_close_from_a_signal_handler_right_after_librdkafkas_begin_refuses_the_transaction(
+    broker: Broker, topic: str, producer_config: dict[str, Any], two_phase: bool
+) -> None:
+    """The transaction begun as the handler closed the producer cannot be used:
+    begin_transaction() says the producer was closed (not an internal error), nothing is
+    left open, and the id is usable by a new instance at once."""
+    config = {**producer_config, "transaction.two.phase.commit.enable": two_phase}
+    producer = TransactionalProducer(config, operation_timeout=20)
+    seen: list[str] = []
+    try:
+        producer.init_transactions()
+        sys.setprofile(_close_after_c_call("begin_transaction", producer, seen))
+        try:
+            with pytest.raises(KafkaTxnError, match="closed") as raised:
+                producer.begin_transaction()
+        finally:
+            sys.setprofile(None)
+        assert "internal error" not in str(raised.value)
+        assert seen == ["ready"]
+        assert producer.state == "closed"
+    finally:
+        producer.close(timeout=5)
+    _fresh_producer_commits(broker, config, topic)
+    assert broker.read_committed(topic, expected=1) == [(None, b"successor")]
+
+
+def test_close_from_a_signal_handler_right_after_librdkafkas_init_leaves_it_closed(
+    broker: Broker, topic: str, producer_config: dict[str, Any]
+) -> None:
+    producer = TransactionalProducer(producer_config, operation_timeout=20)
+    seen: list[str] = []
+    try:
+        sys.setprofile(_close_after_c_call("init_transactions", producer, seen))
+        try:
+            producer.init_transactions()
+        finally:
+            sys.setprofile(None)
+        assert seen == ["new"]
+        assert producer.state == "closed"
+    finally:
+        producer.close(timeout=5)
+    _fresh_producer_commits(broker, producer_config, topic)
+    assert broker.read_committed(topic, expected=1) == [(None, b"successor")]
+
+
+def test_close_from_a_signal_handler_as_prepare_confirms_hands_out_no_state(
+    broker: Broker, topic: str, two_phase_config: dict[str, Any], txn_id: str
+) -> None:
+    """The last moment of prepare: the coordinator confirmed the transaction, and a
+    handler closes the producer (which aborts a preparing transaction). No state may be
+    handed out for a transaction that cannot commit: prepare_transaction() raises, and
+    nothing is left open or visible."""
+    producer = TransactionalProducer(two_phase_config, operation_timeout=20)
+    seen: list[str] = []
+
+    def handler_runs_close(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame.f_code.co_name == "confirm":
+            sys.setprofile(None)
+            seen.append(producer.state)
+            producer.close(timeout=10)
+
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"never-visible", partition=0)
+        sys.setprofile(handler_runs_close)
+        try:
+            with pytest.raises(KafkaTxnError, match="not prepared"):
+                producer.prepare_transaction()
+        finally:
+            sys.setprofile(None)
+        assert seen == ["preparing"]
+        assert producer.state == "closed"
+        assert broker.open_partitions(topic) == {}
+    finally:
+        producer.close(timeout=5)
+    _fresh_producer_commits(broker, two_phase_config, topic)
+    assert broker.read_committed(topic, expected=1) == [(None, b"successor")]
+
+
+@pytest.mark.parametrize("call", ["produce", "send"])
+@pytest.mark.parametrize("two_phase", [False, True], ids=["plain", "two-phase"])
+def test_a_send_interrupted_right_after_librdkafka_queued_it_fails_the_transaction(
+    broker: Broker, topic: str, producer_config: dict[str, Any], call: str, two_phase: bool
+) -> None:
+    """2.1 (a send that raised is not in the transaction): a signal's exception right
+    after librdkafka queued the record makes the send raise, though the record is
+    queued. The caller sends it again; the transaction must not commit with both: commit
+    raises CommitFailedException (prepare TransactionAbortableError) naming the
+    interrupted send, and after abort and retry the record is visible once."""
+    from kafka_txn.errors import CommitFailedException, TransactionAbortableError
+
+    config = {**producer_config, "transaction.two.phase.commit.enable": two_phase}
+    producer = TransactionalProducer(config, operation_timeout=20)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        send = getattr(producer, call)
+        sys.setprofile(_raise_after_c_call("produce", _Interrupted))
+        try:
+            with pytest.raises(_Interrupted):
+                send(topic, b"order-1", partition=0)
+        finally:
+            sys.setprofile(None)
+        send(topic, b"order-1", partition=0)  # the caller's retry of the send
+        failure = TransactionAbortableError if two_phase else CommitFailedException
+        with pytest.raises(failure, match="_Interrupted during produce"):
+            if two_phase:
+                producer.prepare_transaction()
+            else:
+                producer.commit_transaction()
+        producer.abort_transaction()
+        assert broker.read_committed(topic, expected=0) == []
+        producer.begin_transaction()  # the retry of the whole transaction
+        send(topic, b"order-1", partition=0)
+        if two_phase:
+            producer.complete_transaction(producer.prepare_transaction())
+        else:
+            producer.commit_transaction()
+        assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
+    finally:
+        producer.close(timeout=5)
+
+
+_END_TXN_ANSWERS_AFTER_APPLYING = pytest.mark.parametrize(
+    "code",
+    [KafkaError.REQUEST_TIMED_OUT, KafkaError.UNKNOWN, KafkaError.NETWORK_EXCEPTION],
+    ids=["request-timed-out", "unknown-server-error", "network-exception"],
+)
+
+
+@_END_TXN_ANSWERS_AFTER_APPLYING
+def test_a_commit_the_coordinator_applied_then_answered_with_an_error_is_never_commit_failed(
+    broker: Broker, topic: str, txn_id: str, code: int
+) -> None:
+    """1.2/1.3: the coordinator applied EndTxn(commit) and answered with an error that
+    is not a refusal (a Kafka-compatible broker, or a gateway in between; Apache Kafka
+    maps a timed-out append to COORDINATOR_NOT_AVAILABLE, which librdkafka retries).
+    librdkafka calls it abortable; CommitFailedException's abort-and-retry would write
+    the records twice. commit_transaction() raises FatalError saying the outcome is
+    unknown and not to retry; the records are visible once, and a new producer for the id
+    goes on."""
+    with KafkaProxy(broker.bootstrap_servers) as proxy:
+        config = {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id}
+        producer = TransactionalProducer(config, operation_timeout=20)
+        try:
+            producer.init_transactions()
+            proxy.fail(ApiKey.END_TXN, code, forward=True, times=1)
+            producer.begin_transaction()
+            producer.produce(topic, b"order-1")
+            with pytest.raises(FatalError, match="whether it committed is unknown") as raised:
+                producer.commit_transaction()
+            assert not isinstance(raised.value, CommitFailedException)
+            assert raised.value.kafka_error.code() == code
+            assert producer.state == "fatal error"
+        finally:
+            producer.close(timeout=5)
+    assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
+    direct = {**config, "bootstrap.servers": broker.bootstrap_servers}
+    _fresh_producer_commits(broker, direct, topic)
+    visible = sorted(broker.read_committed(topic, expected=2))
+    assert visible == [(None, b"order-1"), (None, b"successor")]
+
+
+def test_a_commit_refused_by_endtxn_with_an_abortable_refusal_is_still_commit_failed(
+    broker: Broker, topic: str, txn_id: str
+) -> None:
+    """The other side of the line: an EndTxn answer with which the coordinator refuses a
+    commit it did not apply (TRANSACTION_ABORTABLE, KIP-890) stays CommitFailedException,
+    and abort and retry writes the records once."""
+    with KafkaProxy(broker.bootstrap_servers) as proxy:
+        config = {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id}
+        producer = TransactionalProducer(config, operation_timeout=20)
+        try:
+            producer.init_transactions()
+            proxy.fail(ApiKey.END_TXN, KafkaError.TRANSACTION_ABORTABLE, times=1)
+            producer.begin_transaction()
+            producer.produce(topic, b"order-1")
+            with pytest.raises(CommitFailedException):
+                producer.commit_transaction()
+            producer.abort_transaction()
+            producer.begin_transaction()
+            producer.produce(topic, b"order-1")
+            producer.commit_transaction()
+        finally:
+            producer.close(timeout=5)
+    assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]

@@ -29,6 +29,7 @@ import tenacity
 from confluent_kafka import KafkaError
 
 from ..errors import UnsupportedBrokerError
+from .codec import encode
 from .connection import (
     AuthenticationError,
     BrokerConnection,
@@ -173,6 +174,13 @@ class CoordinatorClient:
         """Servers that dropped a TLS handshake during the call under way."""
         self._server_errors: dict[tuple[str, int], ProtocolError] = {}
         """Each bootstrap server's latest failure during the call under way."""
+        self._describe_request = encode(
+            DESCRIBE_TRANSACTIONS.requests[0],
+            {"transactional_ids": [transactional_id]},
+            DESCRIBE_TRANSACTIONS.flexible(0),
+        )
+        """DescribeTransactions v0's body for this id, encoded once (prepare sends it for
+        every transaction)."""
 
     # ------------------------------------------------------------------ public calls
     def describe(self) -> TransactionDescription:
@@ -191,13 +199,15 @@ class CoordinatorClient:
             return None
         conn.deadline = deadline
         try:
-            exchange = conn.send(
-                DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [self.transactional_id]}
-            )
+            exchange = conn.send(DESCRIBE_TRANSACTIONS, 0, self._describe_request)
         except ProtocolError:
             self._forget_coordinator()
             return None
-        return DescribeAhead(self, exchange)
+        try:
+            return DescribeAhead(self, exchange)
+        except BaseException:  # a signal's exception: never leave the connection taken
+            exchange.abandon()
+            raise
 
     def end_txn(self, producer_id: int, producer_epoch: int, commit: bool) -> None:
         """EndTxn with the given identity; raises CoordinatorError for a refusal."""
@@ -252,7 +262,42 @@ class CoordinatorClient:
 
     # ------------------------------------------------------------------ internals
     def _with_retries(self, operation: str, call: Callable[[], T]) -> T:
+        """``call()`` retried with tenacity until ``deadline_s`` passes. A first attempt
+        that succeeds (prepare's describe, nearly always) returns without building
+        tenacity's ``Retrying``; a first attempt that fails is handed to tenacity as its
+        first attempt (raised again, not called again), so that retrying, waiting,
+        stopping and what is raised are tenacity's, as if it had made that attempt."""
+        deadline = time.monotonic() + self.deadline_s
+        self._deadline = deadline
+        self._tls_dropped.clear()
+        self._server_errors.clear()
         last: list[BaseException] = []
+        try:
+            try:
+                return call()
+            except Exception as exc:
+                first: list[Exception] = [exc]
+
+            def attempt() -> T:
+                if first:
+                    raise first.pop()
+                return call()
+
+            return self._retrying(operation, deadline, last)(attempt)
+        except DeadlineExceededError:
+            if last:  # what kept failing says more than "the deadline passed"
+                raise last[0] from None
+            raise
+        finally:
+            self._deadline = None
+
+    def _retrying(
+        self, operation: str, deadline: float, last: list[BaseException]
+    ) -> tenacity.Retrying:
+        """The tenacity ``Retrying`` of one public call: retriable errors (``_retriable``)
+        until ``deadline``, exponential backoff with jitter, never sleeping past the
+        deadline; the latest failure other than the deadline itself is kept in
+        ``last``."""
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -264,7 +309,6 @@ class CoordinatorClient:
             ):
                 self._forget_coordinator()
 
-        deadline = time.monotonic() + self.deadline_s
         backoff = tenacity.wait_exponential(multiplier=0.05, max=1.0) + tenacity.wait_random(
             0, 0.05
         )
@@ -276,7 +320,7 @@ class CoordinatorClient:
         def stop(state: tenacity.RetryCallState) -> bool:
             return time.monotonic() >= deadline
 
-        retrying = tenacity.Retrying(
+        return tenacity.Retrying(
             retry=tenacity.retry_if_exception(_retriable),
             stop=stop,
             wait=wait,
@@ -284,17 +328,6 @@ class CoordinatorClient:
             before_sleep=before_sleep,
             reraise=True,
         )
-        self._deadline = deadline
-        self._tls_dropped.clear()
-        self._server_errors.clear()
-        try:
-            return retrying(call)
-        except DeadlineExceededError:
-            if last:  # what kept failing says more than "the deadline passed"
-                raise last[0] from None
-            raise
-        finally:
-            self._deadline = None
 
     def _forget_coordinator(self) -> None:
         if self._coordinator is not None:
@@ -375,7 +408,13 @@ class CoordinatorClient:
                     version,
                     {"key_type": TRANSACTION_KEY_TYPE, "coordinator_keys": [self.transactional_id]},
                 )
-                found = answer["coordinators"][0]
+                coordinators = answer["coordinators"]
+                if len(coordinators) != 1:  # one key was asked about
+                    raise ProtocolError(
+                        f"FindCoordinator for {self.transactional_id!r} was answered with "
+                        f"{len(coordinators)} coordinators"
+                    )
+                found = coordinators[0]
             else:
                 found = broker.request(
                     FIND_COORDINATOR,
@@ -401,17 +440,28 @@ class CoordinatorClient:
                 "the broker does not offer DescribeTransactions (Kafka >= 3.0 does): "
                 "two-phase commit and recovery need it to identify a prepared transaction"
             )
-        return self._description(
-            conn.request(DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [self.transactional_id]})
-        )
+        return self._description(conn.request(DESCRIBE_TRANSACTIONS, 0, self._describe_request))
 
     def _description(self, answer: dict[str, Any]) -> TransactionDescription:
-        [entry] = answer["transaction_states"]
+        entries: list[Any] = answer["transaction_states"] or []  # null: no entry
+        if len(entries) != 1 or entries[0]["transactional_id"] not in (self.transactional_id, None):
+            # One id was asked about: any other answer is not Kafka's, and is never read
+            # as some transaction's state (reconnect and ask again).
+            raise ProtocolError(
+                f"DescribeTransactions for {self.transactional_id!r} was answered with "
+                f"{len(entries)} transaction states "
+                f"({[e['transactional_id'] for e in entries]!r})"
+            )
+        [entry] = entries
         if entry["error_code"] == TRANSACTIONAL_ID_NOT_FOUND:
             # Described like noida-db's answer for an unknown id: ``found`` is false.
             return TransactionDescription(self.transactional_id, "Empty", -1, -1, 0, -1)
         if entry["error_code"]:
             raise CoordinatorError("DescribeTransactions", entry["error_code"])
+        try:
+            partitions = {t["topic"]: list(t["partitions"]) for t in entry["topics"]}
+        except TypeError as exc:  # a null array where Kafka always sends one
+            raise ProtocolError(f"DescribeTransactions answered a null array: {exc}") from exc
         return TransactionDescription(
             transactional_id=entry["transactional_id"],
             state=entry["transaction_state"],
@@ -419,7 +469,7 @@ class CoordinatorClient:
             producer_epoch=entry["producer_epoch"],
             timeout_ms=entry["transaction_timeout_ms"],
             start_time_ms=entry["transaction_start_time_ms"],
-            partitions={t["topic"]: list(t["partitions"]) for t in entry["topics"]},
+            partitions=partitions,
         )
 
     def _end_txn_once(self, producer_id: int, producer_epoch: int, commit: bool) -> None:

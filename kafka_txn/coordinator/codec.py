@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
@@ -66,21 +66,27 @@ class Reader:
 
     def __init__(self, data: bytes) -> None:
         self.data = memoryview(data)
+        self.size = len(self.data)
         self.pos = 0
 
     def take(self, size: int) -> bytes:
-        if size < 0 or self.pos + size > len(self.data):
-            raise DecodeError(
-                f"truncated: wanted {size} bytes at offset {self.pos} of {len(self.data)}"
-            )
-        chunk = bytes(self.data[self.pos : self.pos + size])
-        self.pos += size
-        return chunk
+        pos = self.pos
+        if size < 0 or pos + size > self.size:
+            raise self.truncated(size)
+        self.pos = pos + size
+        return bytes(self.data[pos : pos + size])
+
+    def truncated(self, size: int) -> DecodeError:
+        return DecodeError(f"truncated: wanted {size} bytes at offset {self.pos} of {self.size}")
 
     def uvarint(self) -> int:
+        data, size = self.data, self.size
         shift = result = 0
         while True:
-            byte = self.take(1)[0]
+            if self.pos >= size:
+                raise self.truncated(1)
+            byte = data[self.pos]
+            self.pos += 1
             result |= (byte & 0x7F) << shift
             if not byte & 0x80:
                 return result
@@ -94,7 +100,7 @@ class Reader:
             self.take(self.uvarint())
 
     def remaining(self) -> int:
-        return len(self.data) - self.pos
+        return self.size - self.pos
 
 
 class FieldType:
@@ -110,13 +116,20 @@ class FieldType:
 @dataclass(frozen=True)
 class _Fixed(FieldType):
     fmt: str
+    _struct: struct.Struct = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_struct", struct.Struct(self.fmt))
 
     def encode(self, w: Writer, value: Any, flexible: bool) -> None:
-        w.raw(struct.pack(self.fmt, value))
+        w.raw(self._struct.pack(value))
 
     def decode(self, r: Reader, flexible: bool) -> Any:
-        size = struct.calcsize(self.fmt)
-        return struct.unpack(self.fmt, r.take(size))[0]
+        size, pos = self._struct.size, r.pos
+        if pos + size > r.size:
+            raise r.truncated(size)
+        r.pos = pos + size
+        return self._struct.unpack_from(r.data, pos)[0]
 
 
 INT8 = _Fixed(">b")
@@ -140,7 +153,8 @@ def _read_length(r: Reader, flexible: bool, classic: str) -> int | None:
 
 
 def _classic_int(r: Reader, fmt: str) -> int:
-    value: int = struct.unpack(fmt, r.take(struct.calcsize(fmt)))[0]
+    kind = INT16 if fmt == ">h" else INT32
+    value: int = kind.decode(r, False)
     return value
 
 

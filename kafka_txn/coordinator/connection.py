@@ -354,6 +354,10 @@ class BrokerConnection:
         self._settings = settings
         self._lock = threading.Lock()
         self._correlation = 0
+        client_id = Writer()
+        NULLABLE_STRING.encode(client_id, settings.client_id, False)  # never compact
+        self._client_id = client_id.getvalue()
+        """The request header's client id, encoded once."""
         self._answered = False
         self._sock = self._connect()
         try:
@@ -379,37 +383,61 @@ class BrokerConnection:
             return -1
         return api.pick(low_high[0], low_high[1], ceiling)
 
-    def request(self, api: Api, version: int, body: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and return its decoded response."""
-        with self._lock:
+    def request(self, api: Api, version: int, body: dict[str, Any] | bytes) -> dict[str, Any]:
+        """Send one request and return its decoded response. ``body``: the request's
+        fields, or its body already encoded for ``version`` (``encode``)."""
+        self._reserve()
+        try:
             return self._receive(self._send(api, version, body))
+        finally:
+            self._lock.release()
 
-    def send(self, api: Api, version: int, body: dict[str, Any]) -> Exchange:
+    def _reserve(self) -> None:
+        """Take the connection for one request, waiting at most until ``deadline``.
+        Still taken then means an exchange that nobody reads or abandons (its owner was
+        interrupted, a signal's exception): the connection is closed and this raises
+        ProtocolError, so the caller reconnects instead of waiting past its deadline."""
+        deadline = self.deadline
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._lock.acquire(timeout=wait):
+            self.close()
+            raise ProtocolError(
+                f"{self.address}: the connection stayed taken by an earlier request whose "
+                "answer nobody read; closed, to reconnect"
+            )
+
+    def send(self, api: Api, version: int, body: dict[str, Any] | bytes) -> Exchange:
         """Send one request now and read its response later (``Exchange.answer()``), so
         that the round trip overlaps other work. The connection is reserved until the
         answer is read or the exchange abandoned (``Exchange.abandon()``, which closes
         the connection: an unread answer would be taken for the next request's)."""
-        self._lock.acquire()
+        self._reserve()
         try:
             return Exchange(self, self._send(api, version, body))
         except BaseException:
             self._lock.release()
             raise
 
-    def _send(self, api: Api, version: int, body: dict[str, Any]) -> _Sent:
+    def _send(self, api: Api, version: int, body: dict[str, Any] | bytes) -> _Sent:
         flexible = api.flexible(version)
         self._correlation += 1
         correlation = self._correlation
-        header = Writer()
-        header.raw(struct.pack(">hhi", api.key, version, correlation))
-        NULLABLE_STRING.encode(header, self._settings.client_id, False)  # never compact
-        if flexible:
-            header.uvarint(0)  # request header v2: empty tagged fields
-        payload = header.getvalue() + encode(api.requests[version], body, flexible)
+        if not isinstance(body, bytes):
+            body = encode(api.requests[version], body, flexible)
+        # Request header v1, v2 (empty tagged fields) for a flexible version.
+        payload = b"".join(
+            (
+                struct.pack(">ihhi", 8 + len(self._client_id) + flexible + len(body),
+                            api.key, version, correlation),
+                self._client_id,
+                b"\0" if flexible else b"",
+                body,
+            )
+        )  # fmt: skip
         sent = _Sent(api, version, correlation, flexible)
         with self._failures(sent):
             self._sock.settimeout(self._timeout())
-            self._sock.sendall(struct.pack(">i", len(payload)) + payload)
+            self._sock.sendall(payload)
         return sent
 
     def _receive(self, sent: _Sent) -> dict[str, Any]:

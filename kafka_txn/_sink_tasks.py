@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import TaskContext
 from sqlalchemy import Table, and_, insert, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from ._sink_ledger import batch_guard, commits_table
+from ._sink_settle import shared_engine
 from ._spark_options import SinkOptions, StepHook, with_isolation
 from .dualwrite import DualWriter, engine_for
 from .errors import ReplayMismatchError, SinkOwnershipError
@@ -62,6 +63,9 @@ class _Cached:
 
 
 _writers: OrderedDict[tuple[Any, ...], _Cached] = OrderedDict()
+_engines: dict[tuple[Any, ...], tuple[Engine, Engine]] = {}
+"""The worker's engines, one per database and credentials, each shared by the cached
+writers of that database (the engine itself, and the view the writers get)."""
 _lock = threading.Lock()
 
 
@@ -79,16 +83,31 @@ def _checkout(opts: SinkOptions, tid: str) -> _Cached:
     if cached is not None:
         return cached
     relay = _Relay()
-    engine = with_isolation(engine_for(opts.url, opts.user, opts.password), opts.isolation_level)
     writer = DualWriter(
         {**opts.kafka, "transactional.id": tid},
-        engine,
+        _engine(opts),
         state_table=opts.state_table,
         lock_timeout=opts.lock_timeout,
         mark_completed_after=None,  # marked at the end of each task, before the driver looks
         on_step=relay,
     )
     return _Cached(writer, relay)
+
+
+def _engine(opts: SinkOptions) -> Engine:
+    """The worker's engine for the sink's database, shared by its cached writers: a
+    worker runs one task at a time, so its pool holds about one idle connection per
+    database between batches, not one per cached writer. A writer's close() leaves it
+    open; close_cached_writers() closes it."""
+    # lock_timeout too: on MySQL/MariaDB and SQLite it is a setting of the connection.
+    key = (opts.url, opts.user, opts.password, opts.isolation_level, opts.lock_timeout)
+    with _lock:
+        known = _engines.get(key)
+        if known is None:
+            engine = engine_for(opts.url, opts.user, opts.password)
+            known = (engine, shared_engine(with_isolation(engine, opts.isolation_level)))
+            _engines[key] = known
+    return known[1]
 
 
 def _check_in(opts: SinkOptions, tid: str, cached: _Cached) -> None:
@@ -110,12 +129,17 @@ def _close(cached: _Cached) -> None:
 
 @atexit.register
 def close_cached_writers() -> None:
-    """Close every cached writer of this worker (at exit; also for tests)."""
+    """Close every cached writer of this worker, and its engines (at exit; also for
+    tests)."""
     with _lock:
         cached = list(_writers.values())
         _writers.clear()
+        engines = [engine for engine, _ in _engines.values()]
+        _engines.clear()
     for entry in cached:
         _close(entry)
+    for engine in engines:
+        engine.dispose()
 
 
 class _AlreadyWrittenError(Exception):

@@ -379,7 +379,8 @@ def _recover(args: argparse.Namespace) -> int:
             stored = f"holds {row.state!r}" if row.state else "holds no transaction"
             raise _CommandError(
                 EXIT_UNKNOWN_ID,
-                f"{_unknown_to_coordinator(tid)}; its state row {stored}; nothing was done",
+                f"{_unknown_to_coordinator(tid)}; its state row {stored}; nothing was "
+                f"done{_if_forgotten(tid, row.state, engine, args.state_table)}",
             )
         if _confirm_fencing("recover", tid, seen, row, args.yes):
             deadline = Deadline(args.timeout)  # the answer's wait does not count
@@ -459,13 +460,38 @@ def _settle(
         raise _CommandError(EXIT_FAILED, explain(exc, engine.url)) from exc
 
 
+def _if_forgotten(tid: str, stored: str | None, engine: Engine, table: str) -> str:
+    """For an id the coordinator does not know whose state row holds a transaction not
+    settled: if the id and brokers are right, Kafka forgot it (expired after
+    transactional.id.expiration.ms), and what to do is recovery's unknowable case."""
+    from .errors import InvalidPreparedStateError  # noqa: PLC0415
+    from .state import PreparedTxnState  # noqa: PLC0415 - pydantic, imported on demand
+
+    try:
+        state = PreparedTxnState.parse(stored or "")
+    except InvalidPreparedStateError:
+        return ""
+    if state.is_empty or state.completed:
+        return ""
+    forgotten = TransactionOutcomeUnknowableError(
+        "the coordinator no longer knows the id",
+        transactional_id=tid,
+        stored_state=str(state),
+        observed={"found": False},
+    )
+    return (
+        ". If the id and --bootstrap-servers are right, Kafka forgot it (expired after "
+        f"transactional.id.expiration.ms): {_unsettled(forgotten, engine, table)}"
+    )
+
+
 def _unsettled(
     exc: TransactionDivergedError | TransactionOutcomeUnknowableError, engine: Engine, table: str
 ) -> str:
     """What recover says when recovery cannot settle the stored transaction: what Kafka
     shows, what to check and do by hand, what not to do. The library's message tells a
-    program to call ``DualWriter.resolve()``; at a command line that step is the
-    compare-and-set UPDATE of the state row that ``resolve()`` runs, given in full."""
+    program to call ``DualWriter.resolve()``; at a command line that step is a
+    compare-and-set UPDATE of the state row, given in full, run after the re-send."""
     from .state import PreparedTxnState  # noqa: PLC0415 - pydantic, imported on demand
 
     tid, stored, seen = exc.transactional_id, exc.stored_state, exc.observed

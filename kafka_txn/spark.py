@@ -21,9 +21,10 @@ is written in the same database transaction as the rows and the prepared state, 
 replayed partition finds its marker and writes nothing. Before each batch the driver
 checks that the prefix belongs to this query, that a replayed batch has the partition
 count it was first written with, and settles every unfinished transaction of the prefix
-(``kafka_txn._sink_ledger``). Writers are kept across batches in each Python worker
-(``kafka_txn._sink_tasks``). This needs the batch's partitions to hold the same rows when
-replayed, as Spark's replayable sources (files, Kafka) give.
+(``kafka_txn._sink_ledger``, ``kafka_txn._sink_settle``: several at once). Writers are
+kept across batches in each Python worker, sharing its engine (``kafka_txn._sink_tasks``).
+This needs the batch's partitions to hold the same rows when replayed, as Spark's
+replayable sources (files, Kafka) give.
 
 pyspark is an optional extra: ``pip install 'kafka-txn[spark]'``.
 """
@@ -47,11 +48,12 @@ from sqlalchemy.engine import Engine
 
 from ._ddl import create_table_if_missing
 from ._sink_ledger import BATCH_JOB, Ledger
+from ._sink_settle import settle_unfinished
 from ._sink_tasks import PartitionWriter
 from ._spark_mapping import Mapping as RowMapping
 from ._spark_mapping import qualified_table
 from ._spark_options import SinkOptions, StepHook, with_isolation
-from .dualwrite import DualWriter, engine_for, validate_identifier
+from .dualwrite import engine_for, validate_identifier
 from .jdbc import redact_jdbc_url, redact_settings
 
 if TYPE_CHECKING:
@@ -156,8 +158,19 @@ class KafkaJdbcSink:
         query_id = df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY) or BATCH_JOB
         ledger = self._prepare(mapping)
         replaces = ledger.check_owner(query_id, o.start_over)
-        for tid in ledger.unfinished():
-            self._settle(tid)
+        unfinished = ledger.unfinished()
+        if unfinished:
+            # An engine for the settling writers alone (their lock_timeout is a setting
+            # of the connection on MySQL/MariaDB), closed once they are done: its pool
+            # (5 kept, 10 more) has room for SETTLE_THREADS connections at once.
+            engine = with_isolation(engine_for(o.url, o.user, o.password), o.isolation_level)
+            try:
+                settle_unfinished(
+                    unfinished, kafka=o.kafka, engine=engine, state_table=o.state_table,
+                    lock_timeout=o.lock_timeout,
+                )  # fmt: skip
+            finally:
+                engine.dispose()
         partitions = df.rdd.getNumPartitions()  # the RDD foreachPartition runs (cached)
         ledger.record_batch(query_id, batch_id, partitions, replaces)
         df.foreachPartition(PartitionWriter(o, query_id, batch_id, partitions, mapping))
@@ -190,20 +203,3 @@ class KafkaJdbcSink:
             self._ledger.create_tables()
             self._tables_ready.add(mapping.db_columns)
         return self._ledger
-
-    def _settle(self, tid: str) -> None:
-        """Recover one unfinished per-partition transaction on the driver: commit it if
-        the database committed it (a task died in between and its partition is absent or
-        empty in the replay), or raise what recovery found. Fences that id's writers."""
-        o = self.options
-        writer = DualWriter(
-            {**o.kafka, "transactional.id": tid},
-            with_isolation(engine_for(o.url, o.user, o.password), o.isolation_level),
-            state_table=o.state_table,
-            lock_timeout=o.lock_timeout,
-        )
-        try:
-            outcome = writer.start()
-            log.info("settled %s before the batch: %s", tid, outcome.value)
-        finally:
-            writer.close()

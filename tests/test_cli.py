@@ -795,7 +795,9 @@ def test_recover_an_id_without_a_state_row_is_unknown(broker, jdbc_url, capsys, 
 @pytest.mark.broker
 def test_recover_an_id_the_coordinator_does_not_know_is_unknown(broker, capsys, tmp_path):
     """A state row whose id Kafka does not know (expired, or never initialised): exit 4,
-    the row unchanged, nothing registered."""
+    the row unchanged, nothing registered; since the row holds a transaction not settled,
+    the line also gives recovery's unknowable steps (3.10): check the topics, re-send the
+    missing records only, then the UPDATE."""
     jdbc_url = f"jdbc:sqlite:{tmp_path}/expired.db"
     _started_writer(broker, jdbc_url, f"known-{uuid.uuid4().hex[:8]}")
     ghost = f"ghost-{uuid.uuid4().hex[:8]}"
@@ -813,6 +815,7 @@ def test_recover_an_id_the_coordinator_does_not_know_is_unknown(broker, capsys, 
     assert code == 4 and out == ""
     line = _one_line(err)
     assert "unknown to the transaction coordinator" in line and stored in line
+    assert "Kafka forgot it" in line and "read_committed" in line and "UPDATE" in line
     assert _state_rows(jdbc_url)[ghost] == (stored, None)
     assert not _coordinator_knows(broker, ghost)
 

@@ -5,11 +5,17 @@ after their database commit (a task killed between its two commits).
 
 Measured, with Kafka and PostgreSQL behind the delay proxy (``--delay-ms``):
 
-- the driver's scan for unfinished state rows before a batch (``Ledger.unfinished``,
-  one SELECT of the prefix's rows and a parse of each state), median of 5;
+- the driver's scan for unfinished state rows before a batch (``Ledger.unfinished``:
+  one SELECT of the prefix's rows, the states in the written completed form proven by
+  a regex, the others parsed), median of 5, interleaved with the scan as it was (every row
+  parsed), once while the ids are unfinished and once after they are all settled;
 - settling every unfinished id on the driver, as ``KafkaJdbcSink`` does before the next
   batch (a DualWriter per id: ``start()`` recovers, commits the prepared transaction,
-  stores the state completed, fences, closes), total and per id;
+  stores the state completed, fences, closes). With ``--compare`` (the default), a
+  quarter of the ids one by one with an engine each (as the sink did before), then
+  two quarters with the sink's ``settle_unfinished`` (``--threads`` at once, one
+  engine), then the last quarter one by one again; ``--no-compare`` settles all of them
+  with ``settle_unfinished``;
 - ``DualWriter.start()`` of an id whose state is completed, what each executor task pays
   for its first batch after a restart (init, recovery that finds nothing, fence), per
   id, over ``--starts`` ids.
@@ -18,7 +24,7 @@ The state rows are made for real (one DualWriter transaction per id, directly, n
 through the proxy): ``--ids`` producers are initialised, which takes a while.
 
     python bench/recovery_bench.py [--delay-ms 0] [--ids 1000] [--unfinished 1000]
-                                   [--starts 50]
+                                   [--starts 50] [--threads 8] [--no-compare]
 """
 
 from __future__ import annotations
@@ -32,15 +38,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import Column, MetaData, String, Table, create_engine, text
+from sqlalchemy import Column, MetaData, String, Table, create_engine, select, text
 from sqlalchemy.engine import Engine
 
 from bench._common import Network, add_delay_argument, behind_delay, environment
 from kafka_txn._sink_ledger import Ledger
+from kafka_txn._sink_settle import SETTLE_THREADS, settle_unfinished
 from kafka_txn.dualwrite import DualWriter
-from kafka_txn.errors import TransactionInDoubtError
+from kafka_txn.errors import InvalidPreparedStateError, TransactionInDoubtError
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.recovery import TransactionOutcome
+from kafka_txn.state import PreparedTxnState
 from tests.databases import POSTGRES_JDBC, ensure_running
 from tests.rig import start_broker
 
@@ -76,29 +84,60 @@ def _make_rows(
             print(f"  {i + 1} state rows", flush=True)
 
 
-def _measure(net: Network, prefix: str, state: str, args: argparse.Namespace) -> None:
-    assert net.jdbc is not None
-    engine = create_engine(jdbc_to_sqlalchemy(net.jdbc))
-    table = Table(
-        state, MetaData(), Column("transactional_id", String(255)),
-        Column("prepared_txn_state", String),
-    )  # fmt: skip
-    ledger = Ledger(engine, prefix, f"bench_commits_{uuid.uuid4().hex[:8]}", table)
-    scans = []
+def _scan_by_parsing(ledger: Ledger) -> list[str]:
+    """The scan as it was before the SQL filter: every row of the prefix parsed."""
+    tid = ledger.state.c.transactional_id
+    head = f"{ledger.prefix}-"
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            select(tid, ledger.state.c.prepared_txn_state).where(
+                tid.startswith(head, autoescape=True)
+            )
+        ).all()
+    found = []
+    for name, stored in rows:
+        if not name[len(head) :].isdigit():
+            continue
+        try:
+            state = PreparedTxnState.parse(stored)
+        except InvalidPreparedStateError:
+            found.append(name)
+            continue
+        if not (state.completed or state.is_empty):
+            found.append(name)
+    return sorted(found, key=lambda name: int(name[len(head) :]))
+
+
+def _scans(ledger: Ledger, what: str) -> list[str]:
+    """Old scan (parse every row) and new (is_settled) interleaved, 5 each."""
+    old, new = [], []
+    found: list[str] = []
     for _ in range(5):
-        t0 = time.perf_counter()
-        found = ledger.unfinished()
-        scans.append(time.perf_counter() - t0)
-    print(
-        f"\nscan of {args.ids} state rows for unfinished ones: "
-        f"{statistics.median(scans) * 1000:.1f} ms (median of 5; "
-        f"{min(scans) * 1000:.1f}..{max(scans) * 1000:.1f}); found {len(found)}"
-    )
-    settle = []
-    outcomes: dict[str, int] = {}
-    t0 = time.perf_counter()
-    for tid in found:
+        for scan, times in ((lambda: _scan_by_parsing(ledger), old), (ledger.unfinished, new)):
+            t0 = time.perf_counter()
+            found = scan()
+            times.append(time.perf_counter() - t0)
+    for label, times in (
+        ("every row parsed (before)", old),
+        ("written completed form proven by a regex (now)", new),
+    ):
+        print(
+            f"scan of the prefix's state rows, {what}, {label}: "
+            f"{statistics.median(times) * 1000:.1f} ms (median of 5; "
+            f"{min(times) * 1000:.1f}..{max(times) * 1000:.1f}); found {len(found)}"
+        )
+    return found
+
+
+def _settle_one_by_one(
+    net: Network, state: str, tids: list[str], outcomes: dict[str, int]
+) -> list[float]:
+    """Before: one id after the other, each with a new engine (the sink's old _settle)."""
+    assert net.jdbc is not None
+    times = []
+    for tid in tids:
         t1 = time.perf_counter()
+        engine = create_engine(jdbc_to_sqlalchemy(net.jdbc))
         writer = DualWriter(
             {"bootstrap.servers": net.bootstrap_servers, "transactional.id": tid},
             engine, state_table=state,
@@ -108,15 +147,71 @@ def _measure(net: Network, prefix: str, state: str, args: argparse.Namespace) ->
         finally:
             writer.close()
         outcomes[outcome.value] = outcomes.get(outcome.value, 0) + 1
-        settle.append(time.perf_counter() - t1)
-    total = time.perf_counter() - t0
-    if settle:
+        times.append(time.perf_counter() - t1)
+    return times
+
+
+def _settle_in_parallel(
+    net: Network, engine: Engine, state: str, tids: list[str], threads: int
+) -> float:
+    """Now: the sink's settle_unfinished, on the driver's one engine."""
+    t0 = time.perf_counter()
+    settle_unfinished(
+        tids, kafka={"bootstrap.servers": net.bootstrap_servers}, engine=engine,
+        state_table=state, lock_timeout=30.0, threads=threads,
+    )  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def _measure(net: Network, prefix: str, state: str, args: argparse.Namespace) -> None:
+    assert net.jdbc is not None
+    # Pooled as the sink's driver engine is (QueuePool, 5 kept), with room for the threads.
+    engine = create_engine(jdbc_to_sqlalchemy(net.jdbc), max_overflow=max(10, args.threads))
+    table = Table(
+        state, MetaData(), Column("transactional_id", String(255)),
+        Column("prepared_txn_state", String),
+    )  # fmt: skip
+    ledger = Ledger(engine, prefix, f"bench_commits_{uuid.uuid4().hex[:8]}", table)
+    found = _scans(ledger, f"{args.unfinished} of {args.ids} unfinished")
+    outcomes: dict[str, int] = {}
+    if args.compare and found:
+        # ABBA over four slices: half the ids one by one (before), half in parallel.
+        quarter = -(-len(found) // 4)
+        slices = [found[i * quarter : (i + 1) * quarter] for i in range(4)]
+        one_by_one: list[float] = []
+        parallel, parallel_ids = 0.0, 0
+        for i, part in enumerate(slices):
+            if not part:
+                continue
+            if i in (0, 3):
+                one_by_one += _settle_one_by_one(net, state, part, outcomes)
+            else:
+                parallel += _settle_in_parallel(net, engine, state, part, args.threads)
+                parallel_ids += len(part)
+        total = sum(one_by_one)
         print(
-            f"settling {len(found)} unfinished ids on the driver: {total:.1f} s, "
-            f"{statistics.median(settle) * 1000:.1f} ms per id (median; "
-            f"{min(settle) * 1000:.1f}..{max(settle) * 1000:.1f}); outcomes {outcomes}"
+            f"settling, before (one by one, an engine each), {len(one_by_one)} ids: "
+            f"{total:.1f} s, {total / len(one_by_one) * 1000:.1f} ms per id (mean; median "
+            f"{statistics.median(one_by_one) * 1000:.1f}, "
+            f"{min(one_by_one) * 1000:.1f}..{max(one_by_one) * 1000:.1f}); "
+            f"x{1000 / len(one_by_one):.2f} for 1,000 ids: "
+            f"{total / len(one_by_one) * 1000:.1f} s"
         )
-    assert outcomes.get(TransactionOutcome.COMMITTED.value, 0) == len(found)
+        print(
+            f"settling, now ({args.threads} threads, one engine), {parallel_ids} ids: "
+            f"{parallel:.1f} s, {parallel / parallel_ids * 1000:.1f} ms per id (mean); "
+            f"for 1,000 ids: {parallel / parallel_ids * 1000:.1f} s; "
+            f"ratio now/before {parallel / parallel_ids / (total / len(one_by_one)):.3f}"
+        )
+    elif found:
+        total = _settle_in_parallel(net, engine, state, found, args.threads)
+        print(
+            f"settling {len(found)} unfinished ids on the driver ({args.threads} threads, "
+            f"one engine): {total:.1f} s, {total / len(found) * 1000:.1f} ms per id (mean)"
+        )
+    assert outcomes.get(TransactionOutcome.COMMITTED.value, 0) <= len(found)
+    assert ledger.unfinished() == [], "every id settled"
+    _scans(ledger, f"all {args.ids} completed (every batch's case)")
     starts = []
     for i in range(min(args.starts, args.ids)):
         conf = {"bootstrap.servers": net.bootstrap_servers,
@@ -141,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ids", type=int, default=1000)
     parser.add_argument("--unfinished", type=int, default=1000)
     parser.add_argument("--starts", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=SETTLE_THREADS,
+                        help="settling threads (the sink's default)")  # fmt: skip
+    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
+                        help="settle half the ids one by one, as before, ABBA")  # fmt: skip
     args = parser.parse_args(argv)
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
     broker = start_broker()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -179,6 +180,7 @@ class SinkOptions:
         # Parsed now, on the driver: an unsupported or malformed parameter fails here,
         # not inside every task. Each executor parses the same URL again.
         database_url(str(url), given.get("user"), given.get("password"))
+        url = _shared_sqlite(str(url))
         size = _integer(given.get("insert_batch_size", 1000), "insert_batch_size (batchsize)")
         if size < 1:
             raise ConfigurationError(f"insert_batch_size (batchsize) must be >= 1, not {size}")
@@ -230,12 +232,39 @@ def _spark_spelling() -> set[str]:
             "startOver", "lockTimeout"}  # fmt: skip
 
 
+def _shared_sqlite(given: str) -> str:
+    """``given``, with a relative SQLite path made absolute against the driver's working
+    directory. The batch's tasks run in other processes (Spark's Python workers,
+    executors elsewhere): an in-memory database would be a different, empty one in each
+    of them, so it is refused; a relative path would name a file relative to each
+    worker's directory."""
+    parsed = database_url(given, None, None)
+    if parsed.get_backend_name() != "sqlite":
+        return given
+    path = parsed.database or ""
+    if path in ("", ":memory:") or path.startswith("file:"):
+        raise ConfigurationError(
+            f"url {redact_jdbc_url(given)!r}: the sink cannot write to an in-memory "
+            "SQLite database (each Spark task runs in a process of its own, which would "
+            "see an empty database of its own): name a file every task can reach, "
+            "jdbc:sqlite:/abs/path.db"
+        )
+    if os.path.isabs(path):
+        return given
+    absolute = os.path.abspath(path)
+    if given.startswith("jdbc:"):
+        return f"jdbc:sqlite:{absolute}"
+    return parsed.set(database=absolute).render_as_string(hide_password=False)
+
+
 def _integer(value: Any, what: str) -> int:
     if isinstance(value, bool):
         raise ConfigurationError(f"{what} must be an integer, not {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ConfigurationError(f"{what} must be an integer, not {value!r}")
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigurationError(f"{what} must be an integer, not {value!r}") from None
 
 

@@ -59,9 +59,14 @@ def _assert_exactly_once(broker, topic: str, jdbc: str, table: str, expected: li
     assert _db_values(jdbc, table) == sorted(expected)
 
 
-@pytest.mark.parametrize("db", ["postgresql", "sqlite"])
-def test_batch_write_and_replay(spark, broker, db, postgres_jdbc, tmp_path):
+@pytest.mark.parametrize("db", ["postgresql", "sqlite", "sqlite-relative-path"])
+def test_batch_write_and_replay(spark, broker, db, postgres_jdbc, tmp_path, monkeypatch):
     jdbc = postgres_jdbc if db == "postgresql" else f"jdbc:sqlite:{tmp_path}/sink.db"
+    if db == "sqlite-relative-path":
+        # Relative to the driver's working directory, which is not the Python workers'
+        # (they started with the Spark session): the sink makes the path absolute.
+        monkeypatch.chdir(tmp_path)
+        jdbc = "jdbc:sqlite:sink.db"
     sink, topic, table = _sink(broker, jdbc)
     values = [f"v{i}" for i in range(200)]
     df = spark.createDataFrame(

@@ -3,6 +3,7 @@ or refused by name, never ignored; bad values refused with the fix. No Spark nee
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,8 @@ def test_option_names_are_case_insensitive_and_spark_spelled():
     )  # fmt: skip
     o = sink.options
     assert (o.kafka, o.url, o.dbtable, o.transactional_id_prefix) == (
-        {"bootstrap.servers": "h:1"}, "jdbc:sqlite:x.db", "public.orders", "orders")  # fmt: skip
+        {"bootstrap.servers": "h:1"}, f"jdbc:sqlite:{os.path.abspath('x.db')}",
+        "public.orders", "orders")  # fmt: skip
     assert (o.insert_batch_size, o.isolation_level, o.state_table, o.commits_table) == (
         250, "READ COMMITTED", "st", "ct")  # fmt: skip
     assert o.start_over is True and o.on_step is spark_hooks.RecordSteps
@@ -123,11 +125,14 @@ def test_bad_values_are_refused_with_the_fix(options: dict[str, str], message: s
 # names) or the settings the options give are known when the example is made; nothing
 # else is ever raised.
 _IDENT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True)
+# Each URL given, and the one the sink keeps: a relative SQLite path made absolute on the
+# driver (the tasks run in other processes, perhaps in other directories).
 _URLS = [
-    "jdbc:sqlite:x.db",
-    "jdbc:postgresql://127.0.0.1:5432/test",
-    "jdbc:mysql://127.0.0.1:3306/test",
-    "sqlite:///x.db",
+    ("jdbc:sqlite:x.db", f"jdbc:sqlite:{os.path.abspath('x.db')}"),
+    ("jdbc:sqlite:/srv/data/x.db", "jdbc:sqlite:/srv/data/x.db"),
+    ("jdbc:postgresql://127.0.0.1:5432/test", "jdbc:postgresql://127.0.0.1:5432/test"),
+    ("jdbc:mysql://127.0.0.1:3306/test", "jdbc:mysql://127.0.0.1:3306/test"),
+    ("sqlite:///x.db", f"sqlite:///{os.path.abspath('x.db')}"),
 ]
 _ISOLATION_SPELLINGS = [
     ("READ_COMMITTED", "READ COMMITTED"),
@@ -169,7 +174,7 @@ def _valid_sinks(draw: st.DrawFn) -> _SinkCase:
     prefix = draw(st.text(min_size=1, max_size=30) | st.just("p" * 200))
     expected: dict[str, Any] = {
         "transactional_id_prefix": prefix,
-        "url": draw(st.sampled_from(_URLS)),
+        "url": (url := draw(st.sampled_from(_URLS)))[1],
         "dbtable": draw(_IDENT | st.tuples(_IDENT, _IDENT).map(".".join)),
         "kafka": {"bootstrap.servers": "127.0.0.1:9092"},
         "topic": None,
@@ -185,7 +190,7 @@ def _valid_sinks(draw: st.DrawFn) -> _SinkCase:
     }
     options: dict[str, Any] = {
         "kafka.bootstrap.servers": "127.0.0.1:9092",
-        "url": expected["url"],
+        "url": url[0],
         "dbtable": expected["dbtable"],
         "transactionalIdPrefix": prefix,
     }
@@ -310,6 +315,8 @@ def _bad_url(draw: st.DrawFn, case: _SinkCase) -> None:
                 ("jdbc:postgresql://h:0/db", "port 0 is not a port"),
                 ("jdbc:postgresql://h/db?bogusParam=1", "unsupported parameter(s) 'bogusParam'"),
                 ("not a url", "is neither a JDBC URL nor a SQLAlchemy URL"),
+                ("jdbc:sqlite::memory:", "cannot write to an in-memory SQLite database"),
+                ("sqlite://", "cannot write to an in-memory SQLite database"),
             ]
         )
     )
@@ -343,7 +350,7 @@ _SINK_BREAKS = [
     _option_value(
         "batch size not an integer",
         "batchSize",
-        ["many", "1.5", ""],
+        ["many", "1.5", "", 1.5, float("nan")],
         "insert_batch_size (batchsize) must be an integer, not {value!r}",
     ),
     _option_value(

@@ -135,9 +135,7 @@ class Driver:
                 timeout,
             )
         except TransactionOutcomeUnknownError as exc:
-            abortable = TransactionAbortableError(
-                f"{exc.message}; the transaction must be aborted", kafka_error=exc.kafka_error
-            )
+            abortable = TransactionAbortableError(exc.message, kafka_error=exc.kafka_error)
             self.life.enter_abortable(abortable)
             raise abortable from exc.__cause__
 
@@ -431,6 +429,14 @@ def _outcome_unknown_message(operation: str, budget: float, err: KafkaError) -> 
         return (
             f"{base}: call init_transactions() again. The coordinator may already have "
             "fenced older instances of this transactional.id and aborted their open "
+            "transaction"
+        )
+    if operation == "send_offsets_to_transaction":
+        # librdkafka may have sent AddOffsetsToTxn or TxnOffsetCommit: whether the
+        # offsets joined the transaction is unknown, so it must not commit.
+        return (
+            f"{base}: the offsets may or may not have joined the transaction, so it "
+            "cannot commit; abort the transaction, rewind the inputs, and retry in a new "
             "transaction"
         )
     return f"{base}: call {operation}() again"

@@ -13,7 +13,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_txn import (
     CommitFailedException,
@@ -23,6 +23,7 @@ from kafka_txn import (
     IllegalStateError,
     ProduceFailedException,
     ProducerFencedError,
+    TransactionAbortableError,
     TransactionalProducer,
     TransactionOutcomeUnknownError,
 )
@@ -257,6 +258,42 @@ def test_commit_outlasting_its_deadline_is_unknown_and_never_aborted(
     assert mock_cluster.requests(ApiKey.END_TXN) > tried
     assert mock_cluster.requests(ApiKey.INIT_PRODUCER_ID) == 1  # never re-initialised
     p.close()
+
+
+def test_offsets_outlasting_their_deadline_make_the_transaction_abortable(
+    mock_cluster, mock_config
+):
+    """AddOffsetsToTxn keeps answering a retriable error past send_offsets_to_transaction's
+    timeout: whether the offsets joined the transaction is unknown, so it must not commit.
+    The error is abortable and says only that (never "call it again", which would send the
+    offsets a second time into a transaction that cannot commit); abort, then the same
+    offsets in a new transaction commit."""
+    mock_cluster.create_topic("t", partitions=1)
+    consumer = Consumer({"bootstrap.servers": mock_cluster.bootstrap_servers, "group.id": "g"})
+    p = _ready(mock_config())
+    try:
+        offsets = [TopicPartition("t", 0, 1)]
+        p.begin_transaction()
+        p.send("t", b"v", partition=0).result(timeout=10)
+        mock_cluster.push_request_errors(
+            ApiKey.ADD_OFFSETS_TO_TXN, *[KafkaError.COORDINATOR_LOAD_IN_PROGRESS] * 1000
+        )
+        with pytest.raises(TransactionAbortableError) as info:
+            p.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 1.0)
+        message = str(info.value)
+        assert "abort the transaction" in message and "again" not in message, message
+        assert p.state == "abortable error"
+        with pytest.raises(CommitFailedException):
+            p.commit_transaction()
+        mock_cluster.clear_request_errors(ApiKey.ADD_OFFSETS_TO_TXN)
+        p.abort_transaction()
+        p.begin_transaction()
+        p.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+        p.commit_transaction()
+        assert p.state == "ready"
+    finally:
+        p.close()
+        consumer.close()
 
 
 def test_retriable_errors_are_retried_with_backoff_until_operation_timeout(

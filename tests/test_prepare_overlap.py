@@ -147,3 +147,42 @@ def test_a_prepare_that_fails_with_an_answer_in_flight_leaves_the_next_one_worki
     assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
     values = sorted(v for _, v in broker.read_committed(topic, expected=3))
     assert values == [b"first", b"next", b"warm-1"]
+
+
+def test_a_signal_as_an_abandoned_exchange_closes_never_keeps_the_connection(broker: Broker):
+    """An exchange abandoned while a signal's exception strikes as its socket's close()
+    returns (the check for pending signals after a call) still releases the connection:
+    the next request on it is not made to wait until its deadline."""
+    import sys
+
+    from kafka_txn.coordinator.connection import BrokerConnection
+    from kafka_txn.coordinator.messages import API_VERSIONS
+
+    host, _, port = broker.bootstrap_servers.split(",")[0].rpartition(":")
+    settings = ConnectionSettings(bootstrap=((host, int(port)),))
+    conn = BrokerConnection(settings, host, int(port), deadline=time.monotonic() + 30)
+    try:
+        exchange = conn.send(API_VERSIONS, 0, {})
+        close_code = BrokerConnection.close.__code__
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            if frame.f_code is not close_code:
+                return None
+
+            def local(frame: Any, event: str, arg: Any) -> Any:
+                if event == "return":
+                    raise KeyboardInterrupt  # as a signal handler would, there
+                return local
+
+            return local
+
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                exchange.abandon()
+        finally:
+            sys.settrace(None)
+        assert conn._lock.acquire(blocking=False), "the abandoned exchange kept the connection"
+        conn._lock.release()
+    finally:
+        conn.close()

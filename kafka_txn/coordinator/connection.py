@@ -332,8 +332,10 @@ class Exchange:
         read as the next request's) and released."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
-            conn._lock.release()
+            try:
+                conn.close()
+            finally:  # a signal's exception once close() returned must not keep the lock
+                conn._lock.release()
 
 
 class BrokerConnection:

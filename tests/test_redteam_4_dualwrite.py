@@ -1,0 +1,282 @@
+"""Red-team round 4: DualWriter and recovery by a fresh process (docs/guarantees.md
+sections 3 and 4, "What the caller must guarantee"). Each test is one schedule, checked
+with an independent read_committed consumer (kafka-python, tests/rig.py) and direct SQL;
+a strict xfail marks a documented promise that the schedule breaks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Table, insert, text
+
+from kafka_txn import ConfigurationError, PreparedTxnState, TransactionalProducer
+from kafka_txn.cli import main as kafka_txn_cli
+from kafka_txn.dualwrite import DualWriter
+from tests.databases import drop_tables, id_value_table, sorted_values, sqlite_jdbc, unique_name
+from tests.rig import Broker
+
+
+def _jdbc(db: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if db == "sqlite":
+        return sqlite_jdbc(tmp_path)
+    return str(request.getfixturevalue("mariadb_jdbc" if db == "mariadb" else "postgres_jdbc"))
+
+
+@pytest.fixture
+def make_writer(broker: Broker) -> Iterator[Any]:
+    """DualWriters on a fresh state table each; closed, their tables dropped at the end."""
+    made: list[tuple[DualWriter, list[str]]] = []
+
+    def make(txn_id: str, jdbc: str, *, state_table: str, tables: list[str]) -> DualWriter:
+        writer = DualWriter(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id},
+            jdbc,
+            state_table=state_table,
+            lock_timeout=5.0,
+        )
+        made.append((writer, [state_table, *tables]))
+        return writer
+
+    yield make
+    for writer, tables in made:
+        writer.close()
+        drop_tables(writer.engine, *tables)
+
+
+def _kafka_values(broker: Broker, topic: str, expected: int) -> list[str]:
+    return sorted(v.decode() for _, v in broker.read_committed(topic, expected, timeout=5))
+
+
+def _body_outcome(
+    writer: DualWriter, events: Table, broker: Broker, topic: str, expected: int
+) -> tuple[list[str], list[str]]:
+    return sorted_values(writer.engine, events), _kafka_values(broker, topic, expected)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="4.2: a body that rolls its database transaction back and goes on writing is "
+    "not seen (the session is in a transaction again after the body): the writer commits, "
+    "the database keeps only the rows written after the ROLLBACK while Kafka commits every "
+    "record, and no error is raised",
+)
+@pytest.mark.parametrize("db", ["postgresql", "mariadb", "sqlite"])
+def test_a_body_that_rolls_back_and_goes_on_never_diverges_silently(
+    make_writer: Any,
+    broker: Broker,
+    topic: str,
+    txn_id: str,
+    db: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    # Schedule: the body writes row a (record a), rolls back (SQLAlchemy's
+    # Connection.rollback(); on PostgreSQL, whose session would be seen idle, ROLLBACK then
+    # BEGIN), writes row b (record b), and returns. Promised (4.2): "A body that ends the
+    # database transaction itself gets its Kafka transaction aborted and a
+    # ConfigurationError ..., never a silent divergence".
+    events = id_value_table(unique_name("ev"))
+    writer = make_writer(
+        txn_id, _jdbc(db, request, tmp_path), state_table=unique_name("st"), tables=[events.name]
+    )
+    events.create(writer.engine)
+    writer.start()
+    raised: BaseException | None = None
+    try:
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(events).values(id=1, value="a"))
+            tx.produce(topic, b"a")
+            if db == "postgresql":
+                tx.connection.execute(text("ROLLBACK"))
+                tx.connection.execute(text("BEGIN"))
+            else:
+                tx.connection.rollback()
+            tx.connection.execute(insert(events).values(id=2, value="b"))
+            tx.produce(topic, b"b")
+    except ConfigurationError as exc:
+        raised = exc
+    rows, records = _body_outcome(writer, events, broker, topic, expected=2)
+    # Observed: rows == ["b"], records == ["a", "b"], nothing raised.
+    assert raised is not None or rows == records, (rows, records)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="4.2: a body that COMMITs and then raises (MariaDB: PyMySQL's status flags do "
+    "not show the session out of its transaction; SQLite: _failed() skips the check) gets "
+    "its Kafka transaction aborted while its committed rows stay, and the body's own "
+    "error is raised as if both sides had rolled back, not the documented "
+    "ConfigurationError",
+)
+@pytest.mark.parametrize("db", ["mariadb", "sqlite"])
+def test_a_body_that_commits_then_raises_is_reported_as_rows_left_behind(
+    make_writer: Any,
+    broker: Broker,
+    topic: str,
+    txn_id: str,
+    db: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    events = id_value_table(unique_name("ev"))
+    writer = make_writer(
+        txn_id, _jdbc(db, request, tmp_path), state_table=unique_name("st"), tables=[events.name]
+    )
+    events.create(writer.engine)
+    writer.start()
+    with pytest.raises(Exception) as caught, writer.transaction() as tx:
+        tx.connection.execute(insert(events).values(id=1, value="a"))
+        tx.produce(topic, b"a")
+        tx.connection.commit()
+        raise ValueError("the body fails after its COMMIT")
+    rows, records = _body_outcome(writer, events, broker, topic, expected=0)
+    assert rows == ["a"] and records == []  # the divergence the error has to announce
+    # Observed: ValueError, the body's own error, which 4.2 says means "rolls back both".
+    assert isinstance(caught.value, ConfigurationError), repr(caught.value)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="4.2 / What the caller must guarantee: rows the body writes to a "
+    "non-transactional MariaDB table (ENGINE=MyISAM) stay when the writer rolls back and "
+    "aborts Kafka; nothing reports it (MariaDB's warning 1196 is not read) and the caller "
+    "guarantees do not exclude such tables",
+)
+def test_a_body_error_leaves_no_row_in_a_mariadb_non_transactional_table(
+    make_writer: Any, broker: Broker, topic: str, txn_id: str, mariadb_jdbc: str
+) -> None:
+    name = unique_name("ev")
+    events = id_value_table(name)
+    writer = make_writer(txn_id, mariadb_jdbc, state_table=unique_name("st"), tables=[name])
+    with writer.engine.begin() as conn:
+        conn.execute(
+            text(f"CREATE TABLE {name} (id INT PRIMARY KEY, value VARCHAR(64)) ENGINE=MyISAM")
+        )
+    writer.start()
+    raised: BaseException | None = None
+    try:
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(events).values(id=1, value="a"))
+            tx.produce(topic, b"a")
+            raise ValueError("the body fails")
+    except ValueError as exc:
+        raised = exc
+    except ConfigurationError:  # a reported divergence would keep the promise
+        return
+    assert isinstance(raised, ValueError)
+    rows, records = _body_outcome(writer, events, broker, topic, expected=0)
+    # Observed: rows == ["a"], records == [], the body's ValueError only.
+    assert rows == records, (rows, records)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="3.10: after a re-send whose state-row UPDATE did not run (an interrupted "
+    "operator, a database that refused), recover says again that none of the records is "
+    "visible and that sending them all again duplicates none: followed, every record "
+    "is in the topic twice",
+)
+def test_recover_advice_for_a_divergence_followed_twice_duplicates_nothing(
+    make_writer: Any, broker: Broker, topic: str, txn_id: str, tmp_path: Path, capsys: Any
+) -> None:
+    jdbc = sqlite_jdbc(tmp_path)
+    state_table = unique_name("st")
+    events = id_value_table(unique_name("ev"))
+    writer = make_writer(txn_id, jdbc, state_table=state_table, tables=[events.name])
+    events.create(writer.engine)
+    writer.start()  # creates the state row
+    writer.close()
+    # A divergence: the database decided "commit" for a prepared transaction that Kafka
+    # aborted (on Apache Kafka, transaction.timeout.ms; the local broker has no timeout,
+    # so the prepared transaction is aborted by its producer instead: the coordinator
+    # then shows it CompleteAbort under the stored identity, which recovery reads as
+    # diverged).
+    producer = TransactionalProducer(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id,
+         "transaction.two.phase.commit.enable": True}
+    )  # fmt: skip
+    producer.init_transactions()
+    producer.begin_transaction()
+    for value in ("a", "b"):
+        producer.produce(topic, value.encode())
+    state = producer.prepare_transaction()
+    with writer.engine.begin() as conn:
+        conn.execute(insert(events), [{"id": 1, "value": "a"}, {"id": 2, "value": "b"}])
+        conn.execute(
+            text(f"UPDATE {state_table} SET prepared_txn_state = :s WHERE transactional_id = :t"),
+            {"s": str(state), "t": txn_id},
+        )
+    producer.complete_transaction(PreparedTxnState(""))
+    producer.close()
+
+    def resend() -> None:  # "your application's re-send, or a producer of your own"
+        own = TransactionalProducer(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"{txn_id}-re"}
+        )
+        own.init_transactions()
+        own.begin_transaction()
+        for value in sorted_values(writer.engine, events):
+            own.produce(topic, value.encode())
+        own.commit_transaction()
+        own.close()
+
+    argv = ["recover", "--bootstrap-servers", broker.bootstrap_servers, "--transactional-id",
+            txn_id, "--jdbc-url", jdbc, "--state-table", state_table, "--yes"]  # fmt: skip
+    # Run 1: diverged; the operator re-sends (step 1) and is interrupted before step 2.
+    # Run 2: the same advice; the operator follows it through (steps 1 and 2).
+    for _run in (1, 2):
+        capsys.readouterr()
+        assert kafka_txn_cli(argv) == 1
+        said = capsys.readouterr().err
+        assert "Kafka aborted the transaction that the database committed" in said, said
+        if "produce that database transaction's records again" in said:
+            resend()
+    with writer.engine.begin() as conn:  # step 2, the compare-and-set UPDATE
+        conn.execute(
+            text(
+                f"UPDATE {state_table} SET prepared_txn_state = :done "
+                "WHERE transactional_id = :t AND prepared_txn_state = :s"
+            ),
+            {"done": str(state.mark_completed()), "t": txn_id, "s": str(state)},
+        )
+    # Observed: ["a", "a", "b", "b"].
+    assert _kafka_values(broker, topic, expected=4) == ["a", "b"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="4.4: on MariaDB the state table's id column compares case-insensitively, so "
+    "two distinct transactional ids that differ in case share one state row: the second "
+    "writer's start() takes the first's row over and the first, which nobody replaced, "
+    "gets ProducerFencedError (and once the second commits, InvalidPreparedStateError "
+    "at every start())",
+)
+def test_mariadb_transactional_ids_differing_in_case_are_independent(
+    make_writer: Any, broker: Broker, topic: str, mariadb_jdbc: str
+) -> None:
+    base = uuid.uuid4().hex[:10]
+    state_table = unique_name("st")
+    upper = make_writer(f"Orders-{base}", mariadb_jdbc, state_table=state_table, tables=[])
+    lower = make_writer(f"orders-{base}", mariadb_jdbc, state_table=state_table, tables=[])
+    upper.start()
+    lower.start()
+    committed: list[str] = []
+    failed: list[str] = []
+    for writer, value in ((lower, "lower"), (upper, "upper")):
+        try:
+            with writer.transaction() as tx:
+                tx.produce(topic, value.encode())
+            committed.append(value)
+        except Exception as exc:  # observed: ProducerFencedError for "Orders-..."
+            failed.append(f"{value}: {exc!r}")
+    assert failed == [], failed
+    assert _kafka_values(broker, topic, expected=2) == ["lower", "upper"]

@@ -337,10 +337,13 @@ def _diverged(
     return TransactionDivergedError(
         f"Kafka aborted the transaction of {tid!r} that the database committed: {reason}. "
         f"Stored: {stored}; {_seen(seen)}. Nothing of it was committed and none of its "
-        "records are visible to read_committed consumers: re-send them from the database, "
-        "store state.mark_completed() in place of the stored state (DualWriter.resolve()), "
-        "and fix the cause (a transaction.timeout.ms shorter than crash, restart and "
-        "recovery take, or two instances sharing the transactional id)",
+        "records are visible to read_committed consumers: re-send them from the database "
+        "in a new transaction whose prepared state replaces the stored one in the "
+        "database commit that decides it (DualWriter: resolve(), start(), then the "
+        "re-send in the first transaction); storing state.mark_completed() after a plain "
+        "re-send sends them twice if a crash comes in between. Then fix the cause (a "
+        "transaction.timeout.ms shorter than crash, restart and recovery take, or two "
+        "instances sharing the transactional id)",
         kafka_error=None if code is None else KafkaError(code),
         transactional_id=tid,
         stored_state=str(stored),

@@ -503,7 +503,8 @@ def test_recover_that_cannot_settle_tells_a_command_line_user_what_to_do(
     assert "Do not run force-terminate" in line and "do not delete the state row" in line
     if verdict == "diverged":
         assert "Kafka aborted the transaction that the database committed" in line
-        assert "1. produce that database transaction's records again" in line
+        assert "1. read the topics it wrote with a read_committed consumer" in line
+        assert "produce again that database transaction's records that are not there" in line
         assert "Do not update the row before the records are sent again" in line
     else:
         assert "cannot be known" in line

@@ -288,10 +288,12 @@ def test_the_state_groups_are_disjoint():
 _TID = "orders-0"
 _DIVERGED_FIX = (
     "Nothing of it was committed and none of its records are visible to read_committed "
-    "consumers: re-send them from the database, store state.mark_completed() in place of "
-    "the stored state (DualWriter.resolve()), and fix the cause (a transaction.timeout.ms "
-    "shorter than crash, restart and recovery take, or two instances sharing the "
-    "transactional id)"
+    "consumers: re-send them from the database in a new transaction whose prepared state "
+    "replaces the stored one in the database commit that decides it (DualWriter: "
+    "resolve(), start(), then the re-send in the first transaction); storing "
+    "state.mark_completed() after a plain re-send sends them twice if a crash comes in "
+    "between. Then fix the cause (a transaction.timeout.ms shorter than crash, restart and "
+    "recovery take, or two instances sharing the transactional id)"
 )
 _UNKNOWABLE_FIX = (
     "Do not re-send its records blindly (that may duplicate them) nor drop them (that may "

@@ -34,7 +34,6 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
-    String,
     Table,
     and_,
     func,
@@ -48,6 +47,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Select
 
 from ._ddl import create_table_if_missing
+from ._exact_ids import exact_string, fix_statement, inexact, pads
 from .dualwrite import validate_identifier
 from .errors import (
     ConfigurationError,
@@ -78,8 +78,8 @@ def commits_table(name: str) -> Table:
     return Table(
         validate_identifier(name, "commits_table"),
         MetaData(),
-        Column("sink", String(200), nullable=False),
-        Column("query_id", String(64), nullable=False),
+        Column("sink", exact_string(200), nullable=False),
+        Column("query_id", exact_string(64), nullable=False),
         Column("batch_id", BigInteger, nullable=False),
         Column("partition_id", Integer, nullable=False),
         PrimaryKeyConstraint("sink", "query_id", "batch_id", "partition_id"),
@@ -90,8 +90,8 @@ def queries_table(commits: str) -> Table:
     return Table(
         validate_identifier(f"{commits}_queries", "commits_table + '_queries'"),
         MetaData(),
-        Column("sink", String(200), primary_key=True),
-        Column("query_id", String(64), nullable=False),
+        Column("sink", exact_string(200), primary_key=True),
+        Column("query_id", exact_string(64), nullable=False),
         Column("updated_at", DateTime, nullable=False),
     )
 
@@ -100,8 +100,8 @@ def batches_table(commits: str) -> Table:
     return Table(
         validate_identifier(f"{commits}_batches", "commits_table + '_batches'"),
         MetaData(),
-        Column("sink", String(200), nullable=False),
-        Column("query_id", String(64), nullable=False),
+        Column("sink", exact_string(200), nullable=False),
+        Column("query_id", exact_string(64), nullable=False),
         Column("batch_id", BigInteger, nullable=False),
         Column("partitions", Integer, nullable=False),
         PrimaryKeyConstraint("sink", "query_id", "batch_id"),
@@ -200,6 +200,37 @@ class Ledger:
                 f"the commits table {self.commits.name!r} was created by an older kafka-txn "
                 "and has no query_id column: give the sink another commits_table "
                 "(option commitsTable), or drop that table once no query uses it"
+            )
+        self._check_sink_columns()
+
+    def _check_sink_columns(self) -> None:
+        """Refuse tables whose ``sink`` column (the transactional-id prefix) compares
+        inexactly (MySQL/MariaDB tables created by an earlier kafka-txn ignore case):
+        sinks on prefixes ``Orders`` and ``orders`` would share markers, and one would
+        skip the other's batches."""
+        with self.engine.connect() as conn:
+            fixes = [
+                (why, fix_statement(conn, table, "sink"))
+                for table in (self.commits, self.queries, self.batches)
+                if (why := inexact(conn, table, "sink")) is not None
+            ]
+            padded = self.prefix.endswith(" ") and pads(conn, self.commits, "sink")
+        if fixes:
+            raise ConfigurationError(
+                f"the sink column of the commits tables does not compare transactional id "
+                f"prefixes exactly ({fixes[0][0]}), so prefix {self.prefix!r} would share "
+                "commit markers with every prefix that differs from it only in case, and "
+                "skip their batches. Prefixes are case-sensitive: run "
+                + "; ".join(f"`{fix}`" for _, fix in fixes)
+                + " (each fails while two rows differ only in case), or give the sink "
+                "another commits_table (option commitsTable)"
+            )
+        if padded:
+            raise ConfigurationError(
+                f"transactional id prefix {self.prefix!r} ends in a space, which the "
+                f"collation of {self.commits.name}.sink ignores (PAD SPACE): it would share "
+                "commit markers with the prefix without it. Use a prefix without trailing "
+                "spaces"
             )
 
     # ------------------------------------------------------------------ before a batch

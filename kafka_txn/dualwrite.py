@@ -73,6 +73,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError, SQLAlc
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 from ._ddl import add_column_if_missing, add_column_statement, create_table_if_missing
+from ._exact_ids import exact_string, fix_statement, inexact, pads
 from ._pg_pipeline import Decision, pipelining
 from ._rollback_watch import RollbackWatch
 from .config import TWO_PHASE_COMMIT_KEY, ProducerSettings
@@ -439,7 +440,7 @@ class _StateRow:
         self.table = Table(
             state_table,
             MetaData(),
-            Column(id_column, String(255), primary_key=True),
+            Column(id_column, exact_string(255), primary_key=True),  # ids are case-sensitive
             Column(state_column, String(MAX_SERIALIZED_LENGTH), nullable=False),
             Column(updated_column, DateTime),
             Column(owner_column, String(_OWNER_LENGTH)),
@@ -458,8 +459,34 @@ class _StateRow:
             create_table_if_missing(self.engine, self.table)  # safe against racing writers
         columns = inspect(self.engine).get_columns(self.table.name)
         self._check_state_column(columns)
+        self._check_id_column()
         self._ensure_owner_column(create, {col["name"] for col in columns})
         self._ensure_row()
+
+    def _check_id_column(self) -> None:
+        """Refuse an id column that compares ids inexactly (a table made by hand, or by
+        an earlier kafka-txn on MySQL/MariaDB, whose default collations ignore case):
+        ``Orders-1`` and ``orders-1`` would share one row and fence each other."""
+        with self.engine.connect() as conn:
+            why = inexact(conn, self.table, self._id.name)
+            fix = None if why is None else fix_statement(conn, self.table, self._id.name)
+            padded = self.transactional_id.endswith(" ") and pads(conn, self.table, self._id.name)
+        if fix is not None:
+            raise ConfigurationError(
+                f"the id column {self._id.name!r} of the state table {self.table.name} does "
+                f"not compare transactional ids exactly: {why}, so {self.transactional_id!r} "
+                "would share its row with the ids the column does not tell apart from it "
+                "(Orders-1 and orders-1), and the writers of both would fence each other. "
+                f"Kafka transactional ids are case-sensitive: run `{fix}` (it fails while "
+                "two rows differ only that way), or give the writer another state_table"
+            )
+        if padded:
+            raise ConfigurationError(
+                f"transactional id {self.transactional_id!r} ends in a space, which the "
+                f"collation of {self.table.name}.{self._id.name} ignores (PAD SPACE): it "
+                "would share its row with the id without it. Use an id without trailing "
+                "spaces"
+            )
 
     def _check_state_column(self, columns: list[Any]) -> None:
         """Refuse a state column too short for the longest state this writer can store

@@ -36,6 +36,7 @@ from kafka_txn import (
     TransactionOutcomeUnknownError,
 )
 from kafka_txn import dualwrite as dualwrite_module
+from kafka_txn._exact_ids import exact_string
 from kafka_txn._local_broker import LocalBroker
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import TransactionDescription
@@ -656,13 +657,14 @@ def test_start_can_be_called_again_after_recovery_could_not_reach_the_coordinato
 
 # ---------------------------------------------------------------- the owner column
 def _old_state_table(jdbc_url: str, name: str) -> None:
-    """A state table as kafka-txn created it before the owner column existed."""
+    """A state table as kafka-txn created it before the owner column existed (its id
+    column case-sensitive on MariaDB, as the ALTER TABLE start() asks for makes it)."""
     engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
     try:
         Table(
             name,
             MetaData(),
-            Column("transactional_id", String(255), primary_key=True),
+            Column("transactional_id", exact_string(255), primary_key=True),
             Column("prepared_txn_state", String(4096), nullable=False),
             Column("updated_at", DateTime),
         ).create(engine)

@@ -249,22 +249,14 @@ def test_recover_advice_for_a_divergence_followed_twice_duplicates_nothing(
     assert _kafka_values(broker, topic, expected=4) == ["a", "b"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="4.4: on MariaDB the state table's id column compares case-insensitively, so "
-    "two distinct transactional ids that differ in case share one state row: the second "
-    "writer's start() takes the first's row over and the first, which nobody replaced, "
-    "gets ProducerFencedError (and once the second commits, InvalidPreparedStateError "
-    "at every start())",
-)
-def test_mariadb_transactional_ids_differing_in_case_are_independent(
-    make_writer: Any, broker: Broker, topic: str, mariadb_jdbc: str
+def _ids_differing_in_case_work_independently(
+    make_writer: Any, broker: Broker, topic: str, jdbc: str, state_table: str
 ) -> None:
+    """Writers of ``Orders-…`` and ``orders-…`` on one state table: both start, then
+    each commits a transaction; neither fences the other."""
     base = uuid.uuid4().hex[:10]
-    state_table = unique_name("st")
-    upper = make_writer(f"Orders-{base}", mariadb_jdbc, state_table=state_table, tables=[])
-    lower = make_writer(f"orders-{base}", mariadb_jdbc, state_table=state_table, tables=[])
+    upper = make_writer(f"Orders-{base}", jdbc, state_table=state_table, tables=[])
+    lower = make_writer(f"orders-{base}", jdbc, state_table=state_table, tables=[])
     upper.start()
     lower.start()
     committed: list[str] = []
@@ -274,7 +266,78 @@ def test_mariadb_transactional_ids_differing_in_case_are_independent(
             with writer.transaction() as tx:
                 tx.produce(topic, value.encode())
             committed.append(value)
-        except Exception as exc:  # observed: ProducerFencedError for "Orders-..."
+        except Exception as exc:  # before the fix: ProducerFencedError for "Orders-..."
             failed.append(f"{value}: {exc!r}")
     assert failed == [], failed
     assert _kafka_values(broker, topic, expected=2) == ["lower", "upper"]
+    with upper.engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT transactional_id FROM {state_table}")).scalars()
+        assert sorted(rows) == [f"Orders-{base}", f"orders-{base}"]
+
+
+def test_mariadb_transactional_ids_differing_in_case_are_independent(
+    make_writer: Any, broker: Broker, topic: str, mariadb_jdbc: str
+) -> None:
+    """4.4 (F5): the state table the writer creates on MariaDB compares ids exactly
+    (utf8mb4_bin): before, its default collation ignored case, so the second writer's
+    start() took the first's row over and fenced it for good."""
+    state_table = unique_name("st")
+    _ids_differing_in_case_work_independently(make_writer, broker, topic, mariadb_jdbc, state_table)
+
+
+# A state table made before the fix (MariaDB's default collation) or by hand, whose id
+# column ignores case; and the statement the refusal must name (None: SQLite cannot
+# alter a column, the message says to copy the table).
+_INEXACT_ID_COLUMNS = {
+    "mariadb": (
+        "VARCHAR(255)",
+        "ALTER TABLE {t} MODIFY transactional_id VARCHAR(255) CHARACTER SET utf8mb4 "
+        "COLLATE utf8mb4_bin NOT NULL",
+    ),
+    "postgresql": (
+        "VARCHAR(255) COLLATE kafka_txn_test_ci",
+        'ALTER TABLE {t} ALTER COLUMN transactional_id TYPE varchar(255) COLLATE "default"',
+    ),
+    "sqlite": ("VARCHAR(255) COLLATE NOCASE", None),
+}
+
+
+@pytest.mark.parametrize("db", sorted(_INEXACT_ID_COLUMNS))
+def test_a_state_table_whose_id_column_ignores_case_is_refused_naming_the_fix(
+    make_writer: Any,
+    broker: Broker,
+    topic: str,
+    db: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    """4.4: an existing state table whose id column ignores case (MariaDB's default
+    collation, a PostgreSQL nondeterministic collation, SQLite NOCASE) is refused at
+    start() with the statement that fixes it; once it ran, ids differing in case are
+    independent."""
+    jdbc = _jdbc(db, request, tmp_path)
+    state_table = unique_name("st")
+    column, fix = _INEXACT_ID_COLUMNS[db]
+    writer = make_writer(f"Orders-{uuid.uuid4().hex[:10]}", jdbc, state_table=state_table,
+                         tables=[])  # fmt: skip
+    with writer.engine.begin() as conn:
+        if db == "postgresql":
+            conn.execute(text(
+                "CREATE COLLATION IF NOT EXISTS kafka_txn_test_ci (provider = icu, "
+                "locale = 'und-u-ks-level2', deterministic = false)"
+            ))  # fmt: skip
+        conn.execute(text(
+            f"CREATE TABLE {state_table} (transactional_id {column} PRIMARY KEY, "
+            "prepared_txn_state VARCHAR(4096) NOT NULL, updated_at TIMESTAMP NULL, "
+            "owner VARCHAR(255))"
+        ))  # fmt: skip
+    with pytest.raises(ConfigurationError, match="case-sensitive") as refused:
+        writer.start()
+    if fix is None:
+        assert "has no COLLATE clause" in str(refused.value)
+        return
+    statement = fix.format(t=state_table)
+    assert f"`{statement}`" in str(refused.value)
+    with writer.engine.begin() as conn:
+        conn.execute(text(statement))
+    _ids_differing_in_case_work_independently(make_writer, broker, topic, jdbc, state_table)

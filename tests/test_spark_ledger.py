@@ -7,13 +7,16 @@ state it looks, is reported unfinished, so that recovery reports what is wrong w
 from __future__ import annotations
 
 import random
+import re
 import uuid
+from typing import Any
 
-from sqlalchemy import Column, MetaData, String, Table, create_engine, insert, text
+import pytest
+from sqlalchemy import Column, MetaData, String, Table, create_engine, insert, select, text
 
 from kafka_txn import _sink_ledger
-from kafka_txn._sink_ledger import Ledger, is_settled
-from kafka_txn.errors import InvalidPreparedStateError
+from kafka_txn._sink_ledger import BATCH_JOB, Ledger, is_settled
+from kafka_txn.errors import ConfigurationError, InvalidPreparedStateError
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.state import MAX_SERIALIZED_LENGTH, PreparedTxnState
 
@@ -145,3 +148,80 @@ def test_the_fast_check_agrees_with_parsing_on_mangled_states() -> None:
                 del text_[at]
         case = "".join(text_)
         assert is_settled(case) == _settled(case), case
+
+
+def _drop(engine: Any, *names: str) -> None:
+    with engine.begin() as conn:
+        for name in names:
+            conn.execute(text(f"DROP TABLE IF EXISTS {name}"))
+
+
+def _ledgers(engine: Any, commits: str) -> tuple[Ledger, Ledger]:
+    """The ledgers of two sinks whose prefixes differ only in case, on one commits table."""
+    state = Table("unused_state", MetaData(), Column("transactional_id", String(255)))
+    base = uuid.uuid4().hex[:8]
+    return Ledger(engine, f"Orders-{base}", commits, state), Ledger(
+        engine, f"orders-{base}", commits, state
+    )
+
+
+def test_prefixes_differing_in_case_keep_their_own_markers(jdbc_url: str) -> None:
+    """The commits tables compare prefixes exactly (utf8mb4_bin on MariaDB, whose default
+    collation ignores case): a batch job on ``orders-…`` does not see the batch shape and
+    commit markers of ``Orders-…``'s batch 0, so it is not refused as a replay."""
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    commits = f"commits_{uuid.uuid4().hex[:8]}"
+    upper, lower = _ledgers(engine, commits)
+    try:
+        upper.create_tables()
+        lower.create_tables()
+        upper.record_batch(BATCH_JOB, 0, 2, None)
+        with engine.begin() as conn:
+            conn.execute(
+                insert(upper.commits).values(
+                    sink=upper.prefix, query_id=BATCH_JOB, batch_id=0, partition_id=0
+                )
+            )
+        lower.record_batch(BATCH_JOB, 0, 3, None)  # before: ReplayMismatchError
+        with engine.connect() as conn:
+            assert sorted(
+                conn.execute(select(upper.batches.c.sink, upper.batches.c.partitions))
+            ) == [
+                (upper.prefix, 2),
+                (lower.prefix, 3),
+            ]
+    finally:
+        _drop(engine, commits, f"{commits}_queries", f"{commits}_batches")
+        engine.dispose()
+
+
+def test_commits_tables_that_ignore_case_are_refused_naming_the_fix(mariadb_jdbc: str) -> None:
+    """Commits tables created by an earlier kafka-txn on MariaDB (the default collation,
+    which ignores case) are refused with the statements that fix them; after those ran,
+    the sink goes on."""
+    engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
+    commits = f"commits_{uuid.uuid4().hex[:8]}"
+    upper, _ = _ledgers(engine, commits)
+    old = MetaData()
+    for table in (upper.commits, upper.queries, upper.batches):
+        copy = table.to_metadata(old)
+        for col in copy.c:
+            if isinstance(col.type, String):
+                col.type = String(col.type.length)  # as created before the fix
+        copy.create(engine)
+    try:
+        with pytest.raises(ConfigurationError, match="case") as refused:
+            upper.create_tables()
+        fixes = re.findall(r"`(ALTER TABLE [^`]*)`", str(refused.value))
+        assert fixes == [
+            f"ALTER TABLE {name} MODIFY sink VARCHAR(200) CHARACTER SET utf8mb4 "
+            "COLLATE utf8mb4_bin NOT NULL"
+            for name in (commits, f"{commits}_queries", f"{commits}_batches")
+        ]
+        with engine.begin() as conn:
+            for fix in fixes:
+                conn.execute(text(fix))
+        upper.create_tables()
+    finally:
+        _drop(engine, commits, f"{commits}_queries", f"{commits}_batches")
+        engine.dispose()

@@ -341,3 +341,17 @@ def test_a_state_table_whose_id_column_ignores_case_is_refused_naming_the_fix(
     with writer.engine.begin() as conn:
         conn.execute(text(statement))
     _ids_differing_in_case_work_independently(make_writer, broker, topic, jdbc, state_table)
+
+
+def test_mariadb_transactional_id_ending_in_a_space_is_refused(
+    make_writer: Any, mariadb_jdbc: str
+) -> None:
+    """utf8mb4_bin is PAD SPACE: ``orders-x `` and ``orders-x`` would share a row, so an
+    id ending in a space is refused at start(), before anything is written."""
+    state_table = unique_name("st")
+    writer = make_writer(f"orders-{uuid.uuid4().hex[:10]} ", mariadb_jdbc,
+                         state_table=state_table, tables=[])  # fmt: skip
+    with pytest.raises(ConfigurationError, match="ends in a space"):
+        writer.start()
+    with writer.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT COUNT(*) FROM {state_table}")).scalar() == 0

@@ -130,9 +130,11 @@ def postgres_jdbc() -> str:
 
 @pytest.fixture(scope="session")
 def mariadb_jdbc() -> str:
-    from tests.databases import MARIADB_JDBC, ensure_running
+    from tests.databases import MARIADB_JDBC, ensure_running, upgrade_default_tables
 
-    return ensure_running("mariadb", MARIADB_JDBC)
+    jdbc = ensure_running("mariadb", MARIADB_JDBC)
+    upgrade_default_tables(jdbc)
+    return jdbc
 
 
 @pytest.fixture(params=["postgresql", "mariadb", "sqlite"])

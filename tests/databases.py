@@ -54,6 +54,45 @@ def ensure_running(name: str, jdbc: str, timeout: float = 60.0) -> str:
     raise RuntimeError(f"{name} did not come up at {jdbc} within {timeout:g}s")
 
 
+# The tables the writers and the sink create under their default names, shared by every
+# test run on a database, and their columns that hold ids.
+_DEFAULT_ID_COLUMNS = {
+    "kafka_transaction_state": ("transactional_id",),
+    "kafka_txn_sink_commits": ("sink", "query_id"),
+    "kafka_txn_sink_commits_queries": ("sink", "query_id"),
+    "kafka_txn_sink_commits_batches": ("sink", "query_id"),
+}
+
+
+def upgrade_default_tables(jdbc: str) -> None:
+    """MariaDB tables under the default names made by a version before ids were compared
+    exactly get the ALTER that start()'s refusal names (docs/dual-write.md), so that a
+    machine whose database outlived the upgrade runs the tests too. Only case-insensitive
+    id columns are changed; nothing is dropped."""
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        with engine.begin() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT table_name, column_name, character_maximum_length, is_nullable "
+                    "FROM information_schema.columns WHERE table_schema = DATABASE() "
+                    "AND collation_name NOT LIKE '%\\_bin' AND collation_name IS NOT NULL"
+                )
+            ).all()
+            for table, column, length, nullable in rows:
+                if column not in _DEFAULT_ID_COLUMNS.get(table, ()):
+                    continue
+                null = "NULL" if nullable == "YES" else "NOT NULL"
+                conn.execute(
+                    text(
+                        f"ALTER TABLE {table} MODIFY {column} VARCHAR({length}) "
+                        f"CHARACTER SET utf8mb4 COLLATE utf8mb4_bin {null}"
+                    )
+                )
+    finally:
+        engine.dispose()
+
+
 def sqlite_jdbc(folder: Path) -> str:
     return f"jdbc:sqlite:{folder / 'kafka-txn.sqlite'}"
 

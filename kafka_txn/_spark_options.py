@@ -18,6 +18,7 @@ from .coordinator.security import check_security_keys
 from .dualwrite import database_url, validate_seconds
 from .errors import ConfigurationError
 from .jdbc import redact_jdbc_url, redact_settings
+from .producer import probe_settings
 
 StepHook = Callable[[str, int, int, int], None]
 """``hook(step, batch_id, partition, attempt)``, called after each DualWriter step in the
@@ -204,14 +205,24 @@ class SinkOptions:
 
 def _check_kafka(kafka: Mapping[str, Any], prefix: str) -> None:
     """The Kafka settings checked on the driver as each task's DualWriter checks them
-    (``TransactionalProducer``: ``validate_config``, then, two-phase commit being on, the
-    coordinator client's ``check_security_keys``), without building a producer: a
-    setting two-phase commit refuses (``ssl.keystore.location``, ``sasl.kerberos.*``...)
-    fails when the sink is built, not in every task. The files the settings name
-    (``ssl.ca.location``...) are left to the executors, where they may be the only
-    copies."""
+    (``TransactionalProducer``: ``validate_config``, librdkafka's own checks when the
+    producer is built, then, two-phase commit being on, the coordinator client's
+    ``check_security_keys``): a setting a task would refuse (``acks=1``, a value out of
+    range, ``ssl.keystore.location``, ``sasl.kerberos.*``...) fails when the sink is
+    built, not in every task. The files the settings name (``ssl.ca.location``...) are
+    left to the executors, where they may be the only copies: librdkafka's checks run
+    without them."""
     conf = {**kafka, "transactional.id": f"{prefix}-0", TWO_PHASE_COMMIT_KEY: True}
-    check_security_keys(validate_config(conf).librdkafka)
+    librdkafka = validate_config(conf).librdkafka
+    check_security_keys(librdkafka)
+    # librdkafka's refusals (acks other than all, max.in.flight above 5, a value out of
+    # range) come when a producer is built; the probe builds one without connecting, and
+    # without the settings that name files (librdkafka opens them right then).
+    probe_settings({k: v for k, v in librdkafka.items() if not _names_a_file(k)})
+
+
+def _names_a_file(key: str) -> bool:
+    return key.endswith((".location", ".keytab", "plugin.library.paths"))
 
 
 def with_isolation(engine: Engine, level: str | None) -> Engine:

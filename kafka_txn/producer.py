@@ -65,6 +65,23 @@ _OPEN_STATES = frozenset(
 )
 
 
+_PROBE_LOG = logging.Logger("kafka_txn.settings_probe", logging.CRITICAL + 1)
+"""Where a settings probe's librdkafka log lines go: nowhere (a Logger outside the
+logging tree, above every level: ``debug`` raises librdkafka's log_level)."""
+_PROBE_LOG.disabled = True
+
+
+def probe_settings(librdkafka: Mapping[str, Any]) -> None:
+    """Run librdkafka's own checks of ``librdkafka`` (value ranges, the idempotent
+    producer's constraints such as ``acks=all``) as a producer's construction would,
+    without connecting: a handle made without bootstrap servers, destroyed at once.
+    Raises ``ConfigurationError`` as ``TransactionalProducer`` does. For settings checked
+    where no producer is built (the Spark sink's driver)."""
+    conf = {k: v for k, v in librdkafka.items() if k != "bootstrap.servers"}
+    probe = _build_producer({**conf, "logger": _PROBE_LOG})
+    del probe
+
+
 def _build_producer(conf: dict[str, Any]) -> Producer:
     """confluent-kafka's Producer; librdkafka's refusals become ConfigurationError naming
     the key as the user wrote it."""

@@ -269,14 +269,8 @@ def test_two_sinks_on_one_prefix_in_one_query_are_refused_or_both_written(
 # built, the way each task's TransactionalProducer checks them"; 5.9.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "5.9 / spark.md: Kafka settings every task's TransactionalProducer refuses (acks=1, "
-        "max.in.flight.requests.per.connection=10, retries=0, message.max.bytes=100) are "
-        "accepted by KafkaJdbcSink(...); they fail only inside every task of the first batch"
-    ),
-)
+# 5.9 / spark.md: Kafka settings every task's TransactionalProducer refuses were accepted
+# by KafkaJdbcSink(...) and failed only inside every task of the first batch.
 @pytest.mark.parametrize(
     "setting",
     [

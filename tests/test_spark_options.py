@@ -194,10 +194,14 @@ def _valid_sinks(draw: st.DrawFn) -> _SinkCase:
         "dbtable": expected["dbtable"],
         "transactionalIdPrefix": prefix,
     }
-    for name in sorted(
-        draw(st.sets(st.sampled_from(["linger.ms", "client.id", "compression.type"])))
-    ):
-        options[f"kafka.{name}"] = expected["kafka"][name] = draw(st.text(max_size=5))
+    # Kafka settings librdkafka accepts (the sink probes them as a producer would).
+    kafka_values = {
+        "linger.ms": st.integers(0, 900_000).map(str),
+        "client.id": st.text(st.characters(codec="ascii", min_codepoint=33), max_size=5),
+        "compression.type": st.sampled_from(["none", "gzip", "snappy", "lz4", "zstd"]),
+    }
+    for name in sorted(draw(st.sets(st.sampled_from(sorted(kafka_values))))):
+        options[f"kafka.{name}"] = expected["kafka"][name] = draw(kafka_values[name])
     for name in sorted(draw(st.sets(st.sampled_from(sorted(_OPTIONAL))))):
         field_name, values = _OPTIONAL[name]
         options[name], expected[field_name] = draw(values)
@@ -284,6 +288,10 @@ def _kafka_setting_refused(draw: st.DrawFn, case: _SinkCase) -> None:
         st.sampled_from(
             [
                 ("enable.idempotence", "false", "enable.idempotence=false cannot be used"),
+                # librdkafka's own refusals, which each task's producer would meet
+                ("acks", "1", "`acks` must be set to `all` when `enable.idempotence`"),
+                ("linger.ms", "", 'property "queue.buffering.max.ms" cannot be set to empty'),
+                ("message.max.bytes", "100", '"message.max.bytes" value 100 is outside'),
                 ("transaction.timeout.ms", "10", "transaction.timeout.ms=10 is too small"),
                 (
                     "ssl.keystore.location",

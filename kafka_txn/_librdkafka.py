@@ -9,6 +9,7 @@ lifecycle (``kafka_txn.lifecycle``) when librdkafka reports a fatal or abortable
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,11 +26,12 @@ from .errors import (
     FatalError,
     IllegalStateError,
     KafkaTxnError,
+    ProduceFailedException,
     TransactionAbortableError,
     TransactionOutcomeUnknownError,
     root_exception,
 )
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, State
 
 __all__ = ["Driver"]
 
@@ -239,16 +241,9 @@ class Driver:
         the lifecycle moves on) and then raise it (``Deliveries.raise_callback_error``);
         a failure of the call itself is then raised, not hidden behind the callback's."""
         deliveries = self.deliveries
+        odd: object = None
         try:
             result = call(*args)
-        except SystemError as exc:
-            # confluent-kafka raises SystemError when an exception was pending while a
-            # callback ran during a fatal error; the fatal error is the real cause.
-            self.serve_error_callbacks()
-            deliveries.collect()
-            if self.life.fatal is not None:
-                raise self.life.fatal.with_traceback(None) from exc
-            raise
         except KafkaException as exc:
             deliveries.collect()
             if not isinstance(exc, KafkaTxnError) and classify(exc.args[0])[0] is (
@@ -258,6 +253,17 @@ class Driver:
             if not defer_callback_errors:
                 deliveries.raise_callback_error()
             raise
+        except Exception as exc:
+            odd = exc
+        except BaseException:
+            raise
+        except:  # noqa: E722 - a KafkaError raised as itself: see _derailed
+            odd = sys.exc_info()[1]
+        if odd is not None:  # outside the except block: see _failure
+            translated = self._derailed(odd, operation)
+            if translated is None:
+                raise odd  # type: ignore[misc]  # an exception, or a raised KafkaError
+            raise translated.with_traceback(None) from translated.__cause__
         deliveries.collect()
         if not defer_callback_errors:
             deliveries.raise_callback_error()
@@ -265,11 +271,70 @@ class Driver:
             raise self.life.fatal.with_traceback(None)
         return result
 
+    def _derailed(self, odd: object, operation: str) -> KafkaTxnError | None:
+        """The error to raise for a confluent-kafka call that raised something other than
+        a KafkaException (None: nothing says librdkafka failed; ``odd`` is raised as is).
+
+        confluent-kafka raises a fatal error (a fenced producer's _FATAL) from its own
+        error_cb, without calling ours, by setting it as the pending exception and
+        serving the rest of the call's events meanwhile. A delivery report or log line
+        served then runs Python code with that exception pending, which fails in ways
+        of its own: SystemError ("<method 'topic' of ... Message objects> returned a
+        result with an exception set", chaining the KafkaException; or "returned NULL
+        without setting an exception" when that code swallowed it), even an
+        AttributeError. Or the call raises the KafkaError itself (the type claims
+        Py_TPFLAGS_BASE_EXC_SUBCLASS), which no ``except BaseException`` matches.
+        The fatal error is found in error_cb's report, else in the exception's chain,
+        else by asking librdkafka (``_fatal_error``); it makes the producer fatal."""
+        self.serve_error_callbacks()
+        self.deliveries.collect()
+        fatal = self.life.fatal
+        if fatal is not None:
+            fatal = fatal.with_traceback(None)
+            if fatal.__cause__ is None and isinstance(odd, BaseException):
+                fatal.__cause__ = odd
+            return fatal
+        pending = _kafka_exception_in(odd)
+        if pending is None:
+            pending = self._fatal_error()
+        if pending is None:
+            return None
+        translated = self.on_call_error(pending, operation)
+        if translated.__cause__ is None:
+            translated.__cause__ = pending
+        return translated
+
+    def _fatal_error(self) -> KafkaException | None:
+        """librdkafka's fatal error, if it holds one: init_transactions() on an
+        initialised producer changes nothing (librdkafka refuses it in every state after
+        its init: _STATE, or _CONFLICT while another call runs) and reports the fatal
+        error first (rd_kafka_txn_require_state). Not asked before an init succeeded
+        (the call would initialise) or after close()."""
+        if self.life.state in (State.NEW, State.RECOVERING, State.CLOSED):
+            return None
+        probe: object = None
+        try:
+            self.producer.init_transactions(1.0)
+        except KafkaException as exc:
+            probe = exc
+        except BaseException:
+            raise
+        except:  # noqa: E722 - a KafkaError raised as itself: see _derailed
+            probe = sys.exc_info()[1]
+        failure = _kafka_exception_in(probe)
+        if failure is None or not failure.args[0].fatal():
+            return None
+        return failure
+
     def serve_error_callbacks(self) -> None:
         try:
             self.producer.poll(0)
         except Exception as exc:
-            log.debug("poll(0) after SystemError raised %r", exc)
+            log.debug("poll(0) after a failed call raised %r", exc)
+        except BaseException:
+            raise
+        except:  # noqa: E722 - a KafkaError raised as itself: see _derailed
+            log.debug("poll(0) after a failed call raised %r", sys.exc_info()[1])
 
     def on_call_error(self, exc: KafkaException, operation: str) -> KafkaTxnError:
         """Translate a confluent-kafka exception from ``operation`` and move the
@@ -283,6 +348,18 @@ class Driver:
         mapped = exception_for(err, operation)
         if isinstance(mapped, FatalError):
             self.life.enter_fatal(mapped)
+        elif operation == "abort_transaction" and err.txn_requires_abort() and not err.fatal():
+            # librdkafka's transaction is still abortable (EndTxn(abort) answered
+            # TRANSACTION_ABORTABLE, REQUEST_TIMED_OUT, NETWORK_EXCEPTION...): a second
+            # abort sends EndTxn(abort) again. The lifecycle stays ABORTING, from which
+            # abort_transaction() resumes, as after an abort that ran out of time.
+            return TransactionOutcomeUnknownError(
+                f"abort_transaction() did not complete: {err.str()} ({err.name()}); the "
+                "transaction is not known to be aborted, and the producer can still abort "
+                "it: call abort_transaction() again, or close() the producer",
+                kafka_error=err,
+                operation=operation,
+            )
         elif operation in ("init_transactions", "abort_transaction"):
             # Nothing to abort to: librdkafka's non-retriable failures here leave no way on.
             fatal = FatalError(mapped.message, kafka_error=err)
@@ -379,9 +456,38 @@ class Driver:
                 exc = again
         if isinstance(exc, KafkaException):
             raise self.sync_failure(exc, topic, partition, key) from exc
+        failure = self.refused(exc, topic, value, key, partition)
         if isinstance(exc, TypeError):
             raise self.type_error(exc, key, value) from None
-        raise exc
+        raise failure from exc
+
+    def refused(
+        self, exc: Exception, topic: Any, value: Any, key: Any, partition: Any
+    ) -> ProduceFailedException:
+        """confluent-kafka refused produce()'s arguments with a Python exception before
+        the record was queued: a str it cannot encode as UTF-8 (UnicodeEncodeError, as a
+        str serializer's failure would be), an int out of range (OverflowError), a
+        wrong type (TypeError)... librdkafka never saw the record and would commit
+        without it: it is recorded as a failed record (MESSAGE_REJECTED), so that
+        commit_transaction() refuses (KIP-691), and returned for produce() to raise
+        (from ``exc``); a TypeError is raised as such instead (``type_error``)."""
+        code, what = KafkaError._INVALID_ARG, "produce() arguments rejected by confluent-kafka"
+        if isinstance(exc, UnicodeEncodeError):
+            if _unencodable(topic):
+                what = "topic name is not valid UTF-8"
+            elif _unencodable(value):
+                code, what = KafkaError._VALUE_SERIALIZATION, "value str is not valid UTF-8"
+            elif _unencodable(key):
+                code, what = KafkaError._KEY_SERIALIZATION, "key str is not valid UTF-8"
+        failure = produce_failure(
+            KafkaError(code, f"{what}: {exc!r}"),
+            topic if isinstance(topic, str) else None,
+            partition if isinstance(partition, int) else None,
+            key if isinstance(key, (bytes, str)) else None,
+        )
+        failure.__cause__ = exc
+        self.deliveries.record_failure(failure)
+        return failure
 
     def serialize(self, topic: str, key: Any, value: Any, headers: Any) -> tuple[Any, Any]:
         field = MessageField.KEY
@@ -413,6 +519,34 @@ class Driver:
                     f"first or pass {option}=... to TransactionalProducer"
                 )
         return TypeError(f"produce() arguments rejected by confluent-kafka: {exc}")
+
+
+def _kafka_exception_in(odd: object) -> KafkaException | None:
+    """The confluent-kafka KafkaException ``odd`` is or chains (``__cause__``,
+    ``__context__``), a raised KafkaError wrapped as one; None if there is none. A
+    kafka-txn error is no such root: it was translated already."""
+    seen = 0
+    while odd is not None and seen < 8:
+        if isinstance(odd, KafkaError):
+            return KafkaException(odd)
+        if isinstance(odd, KafkaException):
+            return None if isinstance(odd, KafkaTxnError) else odd
+        if not isinstance(odd, BaseException):
+            return None
+        odd = odd.__cause__ or odd.__context__
+        seen += 1
+    return None
+
+
+def _unencodable(obj: Any) -> bool:
+    """``obj`` is a str that UTF-8 cannot encode (a lone surrogate)."""
+    if not isinstance(obj, str):
+        return False
+    try:
+        obj.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _outcome_unknown_message(operation: str, budget: float, err: KafkaError) -> str:

@@ -18,7 +18,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,32 +32,27 @@ from kafka_txn.errors import (
     KafkaTxnError,
     TransactionOutcomeUnknownError,
 )
+from tests import adversary_support as support
+from tests.adversary_support import (
+    interrupt_after,
+    profiled,
+    record_commit_timeouts,
+    settle_id,
+    txn_config,
+)
 from tests.kafka_proxy import ApiKey, KafkaProxy
 from tests.rig import Broker
 
 _ILLEGAL_GENERATION = 22
 
+two_phase_config = support.two_phase_config
+proxy = support.proxy
+
 
 class _Interrupted(BaseException):
-    """Stands for a signal handler's exception (KeyboardInterrupt, SystemExit)."""
-
-
-def _raise_after_c_call(name: str, exc: type[BaseException]) -> Callable[..., Any]:
-    """A profile function that raises ``exc`` when the C function ``name`` returns: the
-    schedule of a signal that arrived while the C call ran, whose handler's exception
-    CPython raises at the evaluation check right after the call returns."""
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_return" and getattr(arg, "__name__", "") == name:
-            sys.setprofile(None)
-            raise exc(f"signal during {name}()")
-
-    return profile
-
-
-@pytest.fixture
-def two_phase_config(producer_config: dict[str, Any]) -> dict[str, Any]:
-    return {**producer_config, "transaction.two.phase.commit.enable": True}
+    """Stands for a signal handler's exception (KeyboardInterrupt, SystemExit). Its own
+    class: the error of an interrupted send names the exception's class, and a test
+    matches that name."""
 
 
 @pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "plain"])
@@ -70,12 +65,7 @@ def test_a_signal_right_after_librdkafkas_begin_leaves_the_producer_usable(
     producer = TransactionalProducer(config, operation_timeout=20)
     try:
         producer.init_transactions()
-        sys.setprofile(_raise_after_c_call("begin_transaction", _Interrupted))
-        try:
-            with pytest.raises(_Interrupted):
-                producer.begin_transaction()
-        finally:
-            sys.setprofile(None)
+        interrupt_after("begin_transaction", producer.begin_transaction)
         assert producer.state == "ready"
         # The caller handled the interruption and goes on with the next transaction.
         producer.begin_transaction()
@@ -140,12 +130,6 @@ def test_a_second_signal_while_the_interrupted_wait_is_undone_leaves_the_produce
         producer.close(timeout=5)
 
 
-@pytest.fixture
-def proxy(broker: Broker) -> Iterator[KafkaProxy]:
-    with KafkaProxy(broker.bootstrap_servers) as p:
-        yield p
-
-
 def _group_metadata(bootstrap: str) -> tuple[Consumer, Any]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{time.monotonic_ns()}"})
     return consumer, consumer.consumer_group_metadata()
@@ -156,8 +140,7 @@ def test_close_after_the_group_refused_the_offsets_closes_when_a_callback_raises
 ) -> None:
     proxy.fail(ApiKey.TXN_OFFSET_COMMIT, _ILLEGAL_GENERATION)
     producer = TransactionalProducer(
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
     )
     consumer, metadata = _group_metadata(broker.bootstrap_servers)
 
@@ -191,12 +174,7 @@ def test_commit_again_after_a_signal_right_after_librdkafkas_commit_writes_no_du
         producer.init_transactions()
         producer.begin_transaction()
         producer.produce(topic, b"once")
-        sys.setprofile(_raise_after_c_call("commit_transaction", _Interrupted))
-        try:
-            with pytest.raises(_Interrupted):
-                producer.commit_transaction()
-        finally:
-            sys.setprofile(None)
+        interrupt_after("commit_transaction", producer.commit_transaction)
         assert producer.state == "committing"
         # The state's advice: call commit_transaction() again, never abort.
         producer.commit_transaction()
@@ -215,12 +193,7 @@ def test_abort_again_after_a_signal_right_after_librdkafkas_abort_leaves_a_usabl
         producer.begin_transaction()
         producer.produce(topic, b"aborted")
         producer.flush(10)
-        sys.setprofile(_raise_after_c_call("abort_transaction", _Interrupted))
-        try:
-            with pytest.raises(_Interrupted):
-                producer.abort_transaction()
-        finally:
-            sys.setprofile(None)
+        interrupt_after("abort_transaction", producer.abort_transaction)
         assert producer.state == "aborting"
         producer.abort_transaction()  # the state's advice: call abort_transaction() again
         producer.begin_transaction()
@@ -283,12 +256,7 @@ def test_close_aborts_a_transaction_whose_prepare_failed_fatally(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
     producer = TransactionalProducer(
-        {
-            "bootstrap.servers": proxy.bootstrap_servers,
-            "transactional.id": txn_id,
-            "transaction.two.phase.commit.enable": True,
-        },
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id, two_phase=True), operation_timeout=20
     )
     try:
         producer.init_transactions()
@@ -305,11 +273,7 @@ def test_close_aborts_a_transaction_whose_prepare_failed_fatally(
         producer.close(timeout=5)
         # whatever is still open, the id's next init aborts it
         proxy.clear()
-        cleaner = TransactionalProducer(
-            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-        )
-        cleaner.init_transactions()
-        cleaner.close()
+        settle_id(broker, txn_id)
 
 
 _TOPIC_AUTHORIZATION_FAILED = 29
@@ -320,8 +284,7 @@ def test_close_aborts_a_transaction_whose_commit_found_a_topic_not_authorized(
 ) -> None:
     denied = broker.create_topic(partitions=1)
     producer = TransactionalProducer(
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
     )
     proxy.fail(
         ApiKey.ADD_PARTITIONS_TO_TXN,
@@ -341,27 +304,7 @@ def test_close_aborts_a_transaction_whose_commit_found_a_topic_not_authorized(
     finally:
         producer.close(timeout=5)
         proxy.clear()
-        cleaner = TransactionalProducer(
-            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-        )
-        cleaner.init_transactions()
-        cleaner.close()
-
-
-class _RecordingProducer:
-    """Delegates to confluent-kafka's Producer and records the timeouts librdkafka's
-    commit_transaction() is given."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.commit_timeouts: list[float] = []
-
-    def commit_transaction(self, timeout: float) -> None:
-        self.commit_timeouts.append(timeout)
-        self._inner.commit_transaction(timeout)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        settle_id(broker, txn_id)
 
 
 def test_a_resumed_commit_with_a_short_timeout_gets_the_retry_floor(
@@ -372,8 +315,7 @@ def test_a_resumed_commit_with_a_short_timeout_gets_the_retry_floor(
     mock_cluster.create_topic("t", partitions=1)
     mock_cluster.set_coordinator("transaction", txn_id, 1)
     producer = TransactionalProducer(mock_config(), operation_timeout=30)
-    recording = _RecordingProducer(producer._io.producer)
-    producer._io.producer = recording
+    recording = record_commit_timeouts(producer)
     try:
         producer.init_transactions()
         producer.begin_transaction()
@@ -399,13 +341,10 @@ def test_close_after_the_group_refused_the_offsets_and_a_zombie_took_over_warns_
     is refused as fenced, no warning comes through, and nothing becomes visible."""
     proxy.fail(ApiKey.TXN_OFFSET_COMMIT, _ILLEGAL_GENERATION)
     producer = TransactionalProducer(
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
     )
     consumer, metadata = _group_metadata(broker.bootstrap_servers)
-    zombie_killer = TransactionalProducer(
-        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-    )
+    zombie_killer = TransactionalProducer(txn_config(broker.bootstrap_servers, txn_id))
     try:
         producer.init_transactions()
         producer.begin_transaction()
@@ -446,22 +385,14 @@ def test_close_from_a_signal_handler_during_prepare_aborts_the_transaction(
         producer.init_transactions()
         producer.begin_transaction()
         producer.produce(topic, b"never-visible", partition=0)
-        sys.setprofile(handler_runs_close)
-        try:
-            with pytest.raises(KafkaTxnError):
-                producer.prepare_transaction()
-        finally:
-            sys.setprofile(None)
+        with profiled(handler_runs_close), pytest.raises(KafkaTxnError):
+            producer.prepare_transaction()
         assert closed == ["closed"]
         assert broker.open_partitions(topic) == {}
         assert broker.read_committed(topic, expected=0) == []
     finally:
         producer.close(timeout=5)
-        cleaner = TransactionalProducer(
-            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-        )
-        cleaner.init_transactions()
-        cleaner.close()
+        settle_id(broker, txn_id)
 
 
 def test_processor_whose_offsets_the_group_refused_closes_both_clients_when_a_callback_raises(
@@ -470,9 +401,7 @@ def test_processor_whose_offsets_the_group_refused_closes_both_clients_when_a_ca
     from kafka_txn.eos import ExactlyOnceProcessor
 
     source, sink = broker.create_topic(partitions=1), broker.create_topic(partitions=1)
-    seed = TransactionalProducer(
-        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"{txn_id}-seed"}
-    )
+    seed = TransactionalProducer(txn_config(broker.bootstrap_servers, f"{txn_id}-seed"))
     seed.init_transactions()
     with seed.transaction():
         seed.produce(source, b"input", partition=0)
@@ -521,12 +450,7 @@ def test_a_signal_right_after_the_prepared_commit_returned_is_in_doubt_then_reco
         producer.begin_transaction()
         producer.produce(topic, b"once", partition=0)
         state = producer.prepare_transaction()
-        sys.setprofile(_raise_after_c_call("commit_transaction", _Interrupted))
-        try:
-            with pytest.raises(_Interrupted):
-                producer.complete_transaction(state)
-        finally:
-            sys.setprofile(None)
+        interrupt_after("commit_transaction", lambda: producer.complete_transaction(state))
         assert producer.state == "in doubt"
         with pytest.raises(TransactionInDoubtError):
             producer.complete_transaction(state)
@@ -590,14 +514,11 @@ def test_close_from_a_signal_handler_right_after_librdkafkas_commit_reports_the_
         producer.begin_transaction()
         producer.produce(topic, b"once", partition=0)
         state = producer.prepare_transaction() if two_phase else None
-        sys.setprofile(_close_after_c_call("commit_transaction", producer, seen))
-        try:
+        with profiled(_close_after_c_call("commit_transaction", producer, seen)):
             if state is not None:
                 assert producer.complete_transaction(state).value == "committed"
             else:
                 producer.commit_transaction()
-        finally:
-            sys.setprofile(None)
         assert seen == ["in doubt" if two_phase else "committing"]
         assert producer.state == "closed"
         with pytest.raises(KafkaTxnError, match="after close"):
@@ -619,11 +540,8 @@ def test_close_from_a_signal_handler_right_after_librdkafkas_abort_reports_the_a
         producer.begin_transaction()
         producer.produce(topic, b"aborted", partition=0)
         producer.flush(10)
-        sys.setprofile(_close_after_c_call("abort_transaction", producer, seen))
-        try:
+        with profiled(_close_after_c_call("abort_transaction", producer, seen)):
             producer.abort_transaction()
-        finally:
-            sys.setprofile(None)
         assert seen == ["aborting"]
         assert producer.state == "closed"
     finally:
@@ -645,12 +563,11 @@ def test_close_from_a_signal_handler_right_after_librdkafkas_begin_refuses_the_t
     seen: list[str] = []
     try:
         producer.init_transactions()
-        sys.setprofile(_close_after_c_call("begin_transaction", producer, seen))
-        try:
-            with pytest.raises(KafkaTxnError, match="closed") as raised:
-                producer.begin_transaction()
-        finally:
-            sys.setprofile(None)
+        with (
+            profiled(_close_after_c_call("begin_transaction", producer, seen)),
+            pytest.raises(KafkaTxnError, match="closed") as raised,
+        ):
+            producer.begin_transaction()
         assert "internal error" not in str(raised.value)
         assert seen == ["ready"]
         assert producer.state == "closed"
@@ -666,11 +583,8 @@ def test_close_from_a_signal_handler_right_after_librdkafkas_init_leaves_it_clos
     producer = TransactionalProducer(producer_config, operation_timeout=20)
     seen: list[str] = []
     try:
-        sys.setprofile(_close_after_c_call("init_transactions", producer, seen))
-        try:
+        with profiled(_close_after_c_call("init_transactions", producer, seen)):
             producer.init_transactions()
-        finally:
-            sys.setprofile(None)
         assert seen == ["new"]
         assert producer.state == "closed"
     finally:
@@ -699,12 +613,8 @@ def test_close_from_a_signal_handler_as_prepare_confirms_hands_out_no_state(
         producer.init_transactions()
         producer.begin_transaction()
         producer.produce(topic, b"never-visible", partition=0)
-        sys.setprofile(handler_runs_close)
-        try:
-            with pytest.raises(KafkaTxnError, match="not prepared"):
-                producer.prepare_transaction()
-        finally:
-            sys.setprofile(None)
+        with profiled(handler_runs_close), pytest.raises(KafkaTxnError, match="not prepared"):
+            producer.prepare_transaction()
         assert seen == ["preparing"]
         assert producer.state == "closed"
         assert broker.open_partitions(topic) == {}
@@ -732,12 +642,7 @@ def test_a_send_interrupted_right_after_librdkafka_queued_it_fails_the_transacti
         producer.init_transactions()
         producer.begin_transaction()
         send = getattr(producer, call)
-        sys.setprofile(_raise_after_c_call("produce", _Interrupted))
-        try:
-            with pytest.raises(_Interrupted):
-                send(topic, b"order-1", partition=0)
-        finally:
-            sys.setprofile(None)
+        interrupt_after("produce", lambda: send(topic, b"order-1", partition=0), _Interrupted)
         send(topic, b"order-1", partition=0)  # the caller's retry of the send
         failure = TransactionAbortableError if two_phase else CommitFailedException
         with pytest.raises(failure, match="_Interrupted during produce"):
@@ -777,7 +682,7 @@ def test_a_commit_the_coordinator_applied_then_answered_with_an_error_is_never_c
     unknown and not to retry; the records are visible once, and a new producer for the id
     goes on."""
     with KafkaProxy(broker.bootstrap_servers) as proxy:
-        config = {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id}
+        config = txn_config(proxy.bootstrap_servers, txn_id)
         producer = TransactionalProducer(config, operation_timeout=20)
         try:
             producer.init_transactions()
@@ -805,7 +710,7 @@ def test_a_commit_refused_by_endtxn_with_an_abortable_refusal_is_still_commit_fa
     commit it did not apply (TRANSACTION_ABORTABLE, KIP-890) stays CommitFailedException,
     and abort and retry writes the records once."""
     with KafkaProxy(broker.bootstrap_servers) as proxy:
-        config = {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id}
+        config = txn_config(proxy.bootstrap_servers, txn_id)
         producer = TransactionalProducer(config, operation_timeout=20)
         try:
             producer.init_transactions()

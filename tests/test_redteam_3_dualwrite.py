@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Table, create_engine, event, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from kafka_txn import (
-    TransactionalProducer,
     TransactionDivergedError,
     TransactionOutcomeUnknowableError,
 )
@@ -28,17 +26,23 @@ from kafka_txn.dualwrite import DualWriter
 from kafka_txn.errors import ConfigurationError, KafkaTxnError
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.state import PreparedTxnState
+from tests.adversary_support import (
+    Interrupted,
+    both_sides,
+    diverge,
+    hand_made_state_table,
+    interrupt_at_line,
+    mariadb_non_strict,
+    names_fixture,
+    stop_after_db_commit,
+)
 from tests.databases import drop_tables as _drop
 from tests.databases import id_value_table as _events
-from tests.databases import sorted_values as _values
 from tests.databases import sqlite_jdbc
 from tests.databases import unique_name as _name
 from tests.rig import Broker
 
-
-@pytest.fixture
-def names() -> Iterator[dict[str, str]]:
-    yield {"events": _name("rt3_events"), "state": _name("rt3_state")}
+names = names_fixture("rt3")
 
 
 # ---------------------------------------------------------------------------------------
@@ -55,23 +59,12 @@ def test_mariadb_tinytext_state_column_too_short_is_refused_at_start(
 ) -> None:
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
-
-    @event.listens_for(engine, "connect")
-    def non_strict(dbapi_connection: Any, _record: Any) -> None:
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute("SET SESSION sql_mode = ''")
+    mariadb_non_strict(engine)
 
     tid = "t" + uuid.uuid4().hex + "x" * 172  # 205 characters: the states pass 255 bytes
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": tid}
     try:
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    f"CREATE TABLE {state} (transactional_id VARCHAR(255) PRIMARY KEY, "
-                    "prepared_txn_state TINYTEXT NOT NULL, updated_at DATETIME, "
-                    "owner VARCHAR(255))"
-                )
-            )
+        hand_made_state_table(engine, state, "prepared_txn_state TINYTEXT NOT NULL")
         writer = DualWriter(conf, engine, state_table=state, create_state_table=False)
         try:
             longest = PreparedTxnState(
@@ -134,20 +127,11 @@ def test_postgresql_cached_lock_survives_the_body_changing_quoting_and_encoding(
         assert [r[0] for r in rows] == [tid]
         stored = PreparedTxnState(rows[0][1])
         assert stored.transactional_id == tid and stored.completed
-        in_db = _values(engine, events)
-        read = broker.read_committed(topic, expected=len(in_db))
-        assert (
-            in_db
-            == sorted(v.decode() for _, v in read)
-            == [f"v{i}" for i in range(len(settings) + 1)]
-        )
+        in_db, in_kafka = both_sides(broker, engine, events, topic)
+        assert in_db == in_kafka == [f"v{i}" for i in range(len(settings) + 1)]
     finally:
         _drop(engine, names["events"], state)
         engine.dispose()
-
-
-class _Interrupted(BaseException):
-    """Stops the writer right after its database commit (4.13: left prepared)."""
 
 
 def test_mariadb_tinytext_state_column_never_loses_a_committed_transaction(
@@ -157,35 +141,19 @@ def test_mariadb_tinytext_state_column_never_loses_a_committed_transaction(
     events = _events(names["events"])
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
-
-    @event.listens_for(engine, "connect")
-    def non_strict(dbapi_connection: Any, _record: Any) -> None:
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute("SET SESSION sql_mode = ''")
+    mariadb_non_strict(engine)
 
     tid = "t" + uuid.uuid4().hex + "x" * 172  # 205 characters
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": tid}
     interrupt: list[bool] = []
-
-    def stop_after_db_commit(step: str) -> None:
-        if step == "after_db_commit" and interrupt:
-            raise _Interrupted
-
     outcome: Any = None
     try:
         events.metadata.create_all(engine)
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    f"CREATE TABLE {state} (transactional_id VARCHAR(255) PRIMARY KEY, "
-                    "prepared_txn_state TINYTEXT NOT NULL, updated_at DATETIME, "
-                    "owner VARCHAR(255))"
-                )
-            )
+        hand_made_state_table(engine, state, "prepared_txn_state TINYTEXT NOT NULL")
         try:
             first = DualWriter(
                 conf, engine, state_table=state, create_state_table=False,
-                on_step=stop_after_db_commit, mark_completed_after=None,
+                on_step=stop_after_db_commit(interrupt), mark_completed_after=None,
             )  # fmt: skip
             try:
                 first.start()
@@ -193,7 +161,7 @@ def test_mariadb_tinytext_state_column_never_loses_a_committed_transaction(
                     tx.connection.execute(events.insert(), {"id": 1, "value": "one"})
                     tx.produce(topic, b"one")
                 interrupt.append(True)
-                with pytest.raises(_Interrupted), first.transaction() as tx:
+                with pytest.raises(Interrupted), first.transaction() as tx:
                     tx.connection.execute(events.insert(), {"id": 2, "value": "two"})
                     tx.produce(topic, b"two")
             finally:
@@ -205,9 +173,7 @@ def test_mariadb_tinytext_state_column_never_loses_a_committed_transaction(
                 second.close()
         except (KafkaTxnError, DBAPIError) as exc:
             outcome = exc
-        in_db = _values(engine, events)
-        read = broker.read_committed(topic, expected=len(in_db), timeout=10.0)
-        in_kafka = sorted(v.decode() for _, v in read)
+        in_db, in_kafka = both_sides(broker, engine, events, topic, timeout=10.0)
         reported = isinstance(outcome, BaseException)
         assert reported or in_db == in_kafka, (outcome, in_db, in_kafka)
     finally:
@@ -225,26 +191,6 @@ def test_mariadb_tinytext_state_column_never_loses_a_committed_transaction(
 # ---------------------------------------------------------------------------------------
 
 
-def _diverge(conf: dict[str, Any], jdbc: str, state: str, topic: str, events: Table) -> None:
-    """A dual write committed in the database whose Kafka transaction was aborted (another
-    producer initialised the id): start() then reports it diverged or unknowable."""
-
-    def stop_after_db_commit(step: str) -> None:
-        if step == "after_db_commit":
-            raise _Interrupted
-
-    first = DualWriter(conf, jdbc, state_table=state, on_step=stop_after_db_commit)
-    events.metadata.create_all(first.engine)
-    first.start()
-    with pytest.raises(_Interrupted), first.transaction() as tx:
-        tx.connection.execute(events.insert(), {"id": 1, "value": "row-1"})
-        tx.produce(topic, b"row-1")
-    first.close()  # prepared; the database committed
-    other = TransactionalProducer(conf)  # Kafka aborts it: recovery cannot settle it
-    other.init_transactions()
-    other.close()
-
-
 def test_two_writers_resolving_one_divergence_resend_it_once(
     broker: Broker, tmp_path: Any, names: dict[str, str], txn_id: str
 ) -> None:
@@ -254,7 +200,7 @@ def test_two_writers_resolving_one_divergence_resend_it_once(
     state = names["state"]
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
     unsettled = (TransactionDivergedError, TransactionOutcomeUnknowableError)
-    _diverge(conf, jdbc, state, topic, events)
+    diverge(conf, jdbc, state, topic, events)
     a = DualWriter(conf, jdbc, state_table=state)
     b = DualWriter(conf, jdbc, state_table=state)
     reported: Any = None
@@ -275,9 +221,7 @@ def test_two_writers_resolving_one_divergence_resend_it_once(
                 tx.produce(topic, b"row-1")
         except KafkaTxnError as exc:
             reported = exc
-        in_db = _values(a.engine, events)
-        read = broker.read_committed(topic, expected=len(in_db), linger=2.0)
-        in_kafka = sorted(v.decode() for _, v in read)
+        in_db, in_kafka = both_sides(broker, a.engine, events, topic, linger=2.0)
         assert in_db == in_kafka, (reported, in_db, in_kafka)
     finally:
         b.close()
@@ -312,9 +256,8 @@ def test_postgresql_engine_preparing_every_statement_still_commits(
                 tx.produce(topic, b"one")
         finally:
             writer.close()
-        in_db = _values(engine, events)
-        read = broker.read_committed(topic, expected=1)
-        assert in_db == sorted(v.decode() for _, v in read) == ["one"]
+        in_db, in_kafka = both_sides(broker, engine, events, topic, expected=1)
+        assert in_db == in_kafka == ["one"]
     finally:
         _drop(engine, names["events"], state)
         engine.dispose()
@@ -325,22 +268,11 @@ def test_mariadb_state_column_spelled_in_capitals_is_checked_at_start(
 ) -> None:
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
-
-    @event.listens_for(engine, "connect")
-    def non_strict(dbapi_connection: Any, _record: Any) -> None:
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute("SET SESSION sql_mode = ''")
+    mariadb_non_strict(engine)
 
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
     try:
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    f"CREATE TABLE {state} (transactional_id VARCHAR(255) PRIMARY KEY, "
-                    "PREPARED_TXN_STATE VARCHAR(64) NOT NULL, updated_at DATETIME, "
-                    "owner VARCHAR(255))"
-                )
-            )
+        hand_made_state_table(engine, state, "PREPARED_TXN_STATE VARCHAR(64) NOT NULL")
         writer = DualWriter(conf, engine, state_table=state, create_state_table=False)
         try:
             with pytest.raises(ConfigurationError):
@@ -415,7 +347,7 @@ def test_resolve_accepts_the_reported_state_written_with_a_newer_key(
     state = names["state"]
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
     unsettled = (TransactionDivergedError, TransactionOutcomeUnknowableError)
-    _diverge(conf, jdbc, state, topic, events)
+    diverge(conf, jdbc, state, topic, events)
     writer = DualWriter(conf, jdbc, state_table=state)
     try:
         with writer.engine.begin() as conn:  # as a newer kafka-txn would have written it
@@ -428,9 +360,8 @@ def test_resolve_accepts_the_reported_state_written_with_a_newer_key(
         writer.start()
         with writer.transaction() as tx:  # the documented re-send
             tx.produce(topic, b"row-1")
-        in_db = _values(writer.engine, events)
-        read = broker.read_committed(topic, expected=len(in_db), linger=2.0)
-        assert in_db == sorted(v.decode() for _, v in read) == ["row-1"]
+        in_db, in_kafka = both_sides(broker, writer.engine, events, topic, linger=2.0)
+        assert in_db == in_kafka == ["row-1"]
     finally:
         writer.close()
 
@@ -480,9 +411,8 @@ def test_postgresql_writers_taking_turns_on_one_pooled_connection_keep_their_own
                 ).all()
             assert [r[0] for r in rows] == [tid]
             assert PreparedTxnState(rows[0][1]).transactional_id == tid
-        in_db = _values(base, events)
-        read = broker.read_committed(topic, expected=len(in_db))
-        assert in_db == sorted(v.decode() for _, v in read) == [f"v{i}" for i in range(6)]
+        in_db, in_kafka = both_sides(broker, base, events, topic)
+        assert in_db == in_kafka == [f"v{i}" for i in range(6)]
     finally:
         for writer in writers:
             writer.close()
@@ -540,9 +470,8 @@ def test_sqlite_whole_rollback_caught_by_one_of_two_writers_sharing_an_engine(
         with a.transaction() as tx:  # A goes on, its own transactions unaffected
             tx.connection.execute(events.insert(), {"id": 5, "value": "a5"})
             tx.produce(topic, b"a5")
-        in_db = _values(base, events)
-        read = broker.read_committed(topic, expected=len(in_db), linger=2.0)
-        assert in_db == sorted(v.decode() for _, v in read) == ["a1", "a5"]
+        in_db, in_kafka = both_sides(broker, base, events, topic, linger=2.0)
+        assert in_db == in_kafka == ["a1", "a5"]
     finally:
         a.close()
         b.close()
@@ -562,32 +491,15 @@ def test_sqlite_whole_rollback_caught_by_one_of_two_writers_sharing_an_engine(
 def test_postgresql_interrupt_right_after_autocommit_on_never_returns_it_to_the_pool(
     broker: Broker, postgres_jdbc: str, names: dict[str, str], txn_id: str
 ) -> None:
-    import inspect
     import sys
 
     from kafka_txn import _pg_pipeline
 
-    source, first = inspect.getsourcelines(_pg_pipeline._hook)
-    line = first + next(
-        i for i, text in enumerate(source) if "pipeline.autocommit_on = True" in text
-    )
+    armed: list[bool] = []
+    tracer = interrupt_at_line(_pg_pipeline._hook, "pipeline.autocommit_on = True", armed)
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc), pool_size=1, max_overflow=0)
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-    armed: list[bool] = []
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not _pg_pipeline._hook.__code__:
-            return None
-
-        def local(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_lineno == line and armed:
-                armed.clear()
-                raise KeyboardInterrupt  # as a signal handler would, at this point
-            return local
-
-        return local
-
     try:
         writer = DualWriter(conf, engine, state_table=state)
         try:
@@ -624,35 +536,19 @@ def test_postgresql_interrupt_right_after_autocommit_on_never_returns_it_to_the_
 def test_postgresql_interrupt_in_finish_after_the_commit_stops_the_writer_and_resets_the_pool(
     broker: Broker, postgres_jdbc: str, names: dict[str, str], txn_id: str
 ) -> None:
-    import inspect
     import sys
 
     from kafka_txn import _pg_pipeline
 
-    source, first = inspect.getsourcelines(_pg_pipeline.Decision.finish)
-    line = first + next(
-        i for i, text in enumerate(source) if "driver_connection.autocommit = False" in text
+    armed: list[bool] = []
+    tracer = interrupt_at_line(
+        _pg_pipeline.Decision.finish, "driver_connection.autocommit = False", armed
     )
     topic = broker.create_topic()
     events = _events(names["events"])
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc), pool_size=1, max_overflow=0)
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-    armed: list[bool] = []
-    code = _pg_pipeline.Decision.finish.__code__
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not code:
-            return None
-
-        def local(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_lineno == line and armed:
-                armed.clear()
-                raise KeyboardInterrupt  # as a signal handler would, at this point
-            return local
-
-        return local
-
     observed: dict[str, Any] = {}
     try:
         events.metadata.create_all(engine)
@@ -684,9 +580,7 @@ def test_postgresql_interrupt_in_finish_after_the_commit_stops_the_writer_and_re
             observed["successor"] = successor.start().value
         finally:
             successor.close()
-        in_db = _values(engine, events)
-        read = broker.read_committed(topic, expected=len(in_db), linger=2.0)
-        observed["db"], observed["kafka"] = in_db, sorted(v.decode() for _, v in read)
+        observed["db"], observed["kafka"] = both_sides(broker, engine, events, topic, linger=2.0)
         assert observed["autocommit"] is False, observed
         assert observed["next call"] == "TransactionInDoubtError", observed
         assert observed["db"] == observed["kafka"], observed

@@ -17,11 +17,9 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import tenacity
 from confluent_kafka import KafkaError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,7 +27,7 @@ from hypothesis import strategies as st
 from kafka_txn import CommitFailedException, PreparedTxnState, TransactionalProducer
 from kafka_txn.coordinator import codec, messages
 from kafka_txn.coordinator.connection import BrokerConnection
-from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
+from kafka_txn.eos import ExactlyOnceProcessor
 from kafka_txn.errors import (
     FatalError,
     KafkaTxnError,
@@ -37,14 +35,18 @@ from kafka_txn.errors import (
     TransactionOutcomeUnknownError,
 )
 from kafka_txn.recovery import TransactionOutcome
+from tests import adversary_support as support
+from tests.adversary_support import (
+    Interrupted,
+    prefixing_processor,
+    profiled,
+    three_inputs,
+    txn_config,
+)
 from tests.kafka_proxy import ApiKey, KafkaProxy
 from tests.rig import Broker
 
-
-@pytest.fixture
-def proxy(broker: Broker) -> Iterator[KafkaProxy]:
-    with KafkaProxy(broker.bootstrap_servers) as p:
-        yield p
+proxy = support.proxy
 
 
 def _no_states(request: Any, response: Any) -> None:
@@ -68,12 +70,7 @@ def _prepared_on_proxy(
     broker: Broker, proxy: KafkaProxy, topic: str, txn_id: str
 ) -> tuple[TransactionalProducer, Any]:
     crashed = TransactionalProducer(
-        {
-            "bootstrap.servers": proxy.bootstrap_servers,
-            "transactional.id": txn_id,
-            "transaction.two.phase.commit.enable": True,
-        },
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id, two_phase=True), operation_timeout=20
     )
     crashed.init_transactions()
     crashed.begin_transaction()
@@ -97,12 +94,7 @@ def test_recovery_with_a_describe_answer_of_the_wrong_length_is_unknown(
     crashed, state = _prepared_on_proxy(broker, proxy, topic, txn_id)
     crashed.close(timeout=5)  # leaves the prepared transaction open, as a crash would
     fresh = TransactionalProducer(
-        {
-            "bootstrap.servers": proxy.bootstrap_servers,
-            "transactional.id": txn_id,
-            "transaction.two.phase.commit.enable": True,
-        },
-        operation_timeout=3,
+        txn_config(proxy.bootstrap_servers, txn_id, two_phase=True), operation_timeout=3
     )
     try:
         fresh.init_transactions(keep_prepared_txn=True)
@@ -124,12 +116,7 @@ def test_prepare_with_a_describe_answer_listing_nothing_is_abortable(
 ) -> None:
     """Broke errors.md / two-phase-commit.md when written (a bare ValueError); fixed in 6d55e94."""
     producer = TransactionalProducer(
-        {
-            "bootstrap.servers": proxy.bootstrap_servers,
-            "transactional.id": txn_id,
-            "transaction.two.phase.commit.enable": True,
-        },
-        operation_timeout=3,
+        txn_config(proxy.bootstrap_servers, txn_id, two_phase=True), operation_timeout=3
     )
     try:
         producer.init_transactions()
@@ -161,12 +148,7 @@ def test_recovery_with_a_find_coordinator_answer_listing_nothing_is_unknown(
     crashed, state = _prepared_on_proxy(broker, proxy, topic, txn_id)
     crashed.close(timeout=5)
     fresh = TransactionalProducer(
-        {
-            "bootstrap.servers": proxy.bootstrap_servers,
-            "transactional.id": txn_id,
-            "transaction.two.phase.commit.enable": True,
-        },
-        operation_timeout=3,
+        txn_config(proxy.bootstrap_servers, txn_id, two_phase=True), operation_timeout=3
     )
     try:
         fresh.init_transactions(keep_prepared_txn=True)
@@ -184,19 +166,15 @@ def test_recovery_with_a_find_coordinator_answer_listing_nothing_is_unknown(
 
 
 # --------------------------------------------------------------------------- signals
-class _Interrupted(BaseException):
-    """Stands for a signal handler's exception (KeyboardInterrupt, SystemExit)."""
-
-
 def _raise_when_returning(code: Any) -> Any:
-    """A profile function that raises ``_Interrupted`` as the Python function whose code
+    """A profile function that raises ``Interrupted`` as the Python function whose code
     is ``code`` returns: the schedule of a signal whose handler's exception CPython
     raises at the first evaluation check in the caller, right after the call."""
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "return" and frame.f_code is code:
             sys.setprofile(None)
-            raise _Interrupted("signal right after BrokerConnection.send returned")
+            raise Interrupted("signal right after BrokerConnection.send returned")
 
     return profile
 
@@ -208,12 +186,7 @@ def test_a_signal_as_prepares_early_describe_is_sent_leaves_prepare_bounded(
     the connection's lock); fixed in 6d55e94."""
     with KafkaProxy(broker.bootstrap_servers, delay_ms=3) as slow:
         producer = TransactionalProducer(
-            {
-                "bootstrap.servers": slow.bootstrap_servers,
-                "transactional.id": txn_id,
-                "transaction.two.phase.commit.enable": True,
-            },
-            operation_timeout=5,
+            txn_config(slow.bootstrap_servers, txn_id, two_phase=True), operation_timeout=5
         )
         stuck: threading.Thread | None = None
         try:
@@ -230,12 +203,11 @@ def test_a_signal_as_prepares_early_describe_is_sent_leaves_prepare_bounded(
             # the send returns.
             producer.begin_transaction()
             producer.produce(topic, b"order-1", partition=0)
-            sys.setprofile(_raise_when_returning(BrokerConnection.send.__code__))
-            try:
-                with pytest.raises(_Interrupted):
-                    producer.prepare_transaction()
-            finally:
-                sys.setprofile(None)
+            with (
+                profiled(_raise_when_returning(BrokerConnection.send.__code__)),
+                pytest.raises(Interrupted),
+            ):
+                producer.prepare_transaction()
             producer.abort_transaction()
             # Third: prepare must end within its deadline, one way or another.
             producer.begin_transaction()
@@ -284,8 +256,7 @@ def test_a_resumed_commit_whose_late_answer_follows_an_applied_commit_is_never_f
     calls commit_transaction() again (errors.md) and, on CommitFailedException, follows
     the README's abort-and-retry."""
     producer = TransactionalProducer(
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
     )
     try:
         producer.init_transactions()
@@ -411,27 +382,10 @@ def test_processor_outputs_once_when_a_commit_not_applied_is_answered_unknown(
     successor with the same transactional id aborts the open transaction on its init,
     resumes from the offsets committed before it, and the output holds every input
     once (6.1, docs/eos.md)."""
-    source = broker.create_topic(partitions=1)
-    sink = broker.create_topic(partitions=1)
-    feeder = TransactionalProducer(
-        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"{txn_id}-in"}
-    )
-    try:
-        feeder.init_transactions()
-        with feeder.transaction():
-            for i in range(3):
-                feeder.produce(source, f"in-{i}".encode(), partition=0)
-    finally:
-        feeder.close(timeout=5)
+    source, sink = three_inputs(broker, txn_id)
 
     def processor(bootstrap: str) -> ExactlyOnceProcessor:
-        return ExactlyOnceProcessor(
-            {"bootstrap.servers": broker.bootstrap_servers, "group.id": f"g-{txn_id}"},
-            {"bootstrap.servers": bootstrap, "transactional.id": txn_id},
-            [source],
-            lambda record: [OutputRecord(sink, b"out-" + record.value())],
-            backoff=tenacity.wait_fixed(0.1),
-        )
+        return prefixing_processor(broker, bootstrap, txn_id, source, sink)
 
     rule = proxy.fail(ApiKey.END_TXN, KafkaError.UNKNOWN, times=1)
     try:

@@ -12,13 +12,11 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import (
     create_engine,
-    event,
     text,
 )
 from sqlalchemy.exc import DBAPIError
@@ -26,7 +24,6 @@ from sqlalchemy.pool import StaticPool
 
 from kafka_txn import (
     DatabaseCommitUnknownError,
-    TransactionalProducer,
     TransactionDivergedError,
     TransactionOutcome,
     TransactionOutcomeUnknowableError,
@@ -35,17 +32,21 @@ from kafka_txn.dualwrite import DualWriter
 from kafka_txn.errors import KafkaTxnError
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.state import PreparedTxnState
+from tests.adversary_support import (
+    Interrupted,
+    both_sides,
+    diverge,
+    mariadb_non_strict,
+    names_fixture,
+    stop_after_db_commit,
+)
 from tests.databases import drop_tables as _drop
 from tests.databases import id_value_table as _events
 from tests.databases import sorted_values as _values
 from tests.databases import sqlite_jdbc
-from tests.databases import unique_name as _name
 from tests.rig import Broker
 
-
-@pytest.fixture
-def names() -> Iterator[dict[str, str]]:
-    yield {"events": _name("rt2_events"), "state": _name("rt2_state")}
+names = names_fixture("rt2")
 
 
 # ---------------------------------------------------------------------------------------
@@ -206,10 +207,6 @@ os._exit(3)  # start() did not report it
 """
 
 
-class _Interrupted(BaseException):
-    """Stops the writer right after its database commit (4.13: left prepared)."""
-
-
 def test_crash_between_resolve_and_the_resend_loses_nothing(
     broker: Broker, tmp_path: Any, names: dict[str, str], txn_id: str
 ) -> None:
@@ -217,24 +214,11 @@ def test_crash_between_resolve_and_the_resend_loses_nothing(
     jdbc = sqlite_jdbc(tmp_path)
     events = _events(names["events"])
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-
-    def stop_after_db_commit(step: str) -> None:
-        if step == "after_db_commit":
-            raise _Interrupted
-
-    first = DualWriter(conf, jdbc, state_table=names["state"], on_step=stop_after_db_commit)
-    events.metadata.create_all(first.engine)
-    first.start()
-    with pytest.raises(_Interrupted), first.transaction() as tx:
-        tx.connection.execute(events.insert(), {"id": 1, "value": "row-1"})
-        tx.produce(topic, b"row-1")
-    first.close()  # the transaction stays prepared (4.13)
-    # Kafka aborts what the database committed: another producer initialises the id (the
-    # local broker then shows the id Empty under a later epoch: recovery says unknowable;
-    # a coordinator showing CompleteAbort would say diverged; the advice is the same).
-    other = TransactionalProducer(conf)
-    other.init_transactions()
-    other.close()
+    # The database commits, the writer stops: the transaction stays prepared (4.13). Kafka
+    # aborts what the database committed: another producer initialises the id (the local
+    # broker then shows the id Empty under a later epoch: recovery says unknowable; a
+    # coordinator showing CompleteAbort would say diverged; the advice is the same).
+    diverge(conf, jdbc, names["state"], topic, events)
     done = subprocess.run(
         [sys.executable, "-c", _FOLLOW_THE_DOCS_THEN_DIE, broker.bootstrap_servers, txn_id,
          jdbc, names["state"]],
@@ -323,23 +307,14 @@ def test_mariadb_non_strict_state_column_too_short_never_loses_a_committed_trans
     events = _events(names["events"])
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
-
-    @event.listens_for(engine, "connect")
-    def non_strict(dbapi_connection: Any, _record: Any) -> None:
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute("SET SESSION sql_mode = ''")
+    mariadb_non_strict(engine)
 
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-
-    def stop_after_db_commit(step: str) -> None:
-        if step == "after_db_commit" and interrupt:
-            raise _Interrupted
-
     interrupt: list[bool] = []
     try:
         events.metadata.create_all(engine)
         first = DualWriter(
-            conf, engine, state_table=state, on_step=stop_after_db_commit,
+            conf, engine, state_table=state, on_step=stop_after_db_commit(interrupt),
             mark_completed_after=None,
         )  # fmt: skip
         first.start()
@@ -356,7 +331,7 @@ def test_mariadb_non_strict_state_column_too_short_never_loses_a_committed_trans
         interrupt.append(True)
         outcome: Any = None
         try:  # a writer that refuses the narrow column, or the truncated state, says so
-            with pytest.raises(_Interrupted), first.transaction() as tx:
+            with pytest.raises(Interrupted), first.transaction() as tx:
                 tx.connection.execute(events.insert(), {"id": 2, "value": "two"})
                 tx.produce(topic, b"two")
             first.close()  # prepared, the database committed (4.13)
@@ -367,9 +342,7 @@ def test_mariadb_non_strict_state_column_too_short_never_loses_a_committed_trans
                 second.close()
         except (KafkaTxnError, DBAPIError) as exc:
             outcome = exc
-        in_db = _values(engine, events)
-        read = broker.read_committed(topic, expected=2, timeout=10.0)
-        in_kafka = sorted(v.decode() for _, v in read)
+        in_db, in_kafka = both_sides(broker, engine, events, topic, expected=2, timeout=10.0)
         reported = isinstance(outcome, BaseException)
         assert reported or in_db == in_kafka, (outcome, in_db, in_kafka)
     finally:
@@ -418,9 +391,7 @@ def test_close_from_another_thread_on_a_one_connection_pool_commits_nothing(
     closer.join(timeout=120)
     checker = create_engine(f"sqlite:///{path}")
     try:
-        in_db = _values(checker, events)
-        read = broker.read_committed(topic, expected=1, linger=2.0)
-        in_kafka = sorted(v.decode() for _, v in read)
+        in_db, in_kafka = both_sides(broker, checker, events, topic, expected=1, linger=2.0)
         assert in_db == in_kafka, (in_db, in_kafka)
     finally:
         checker.dispose()

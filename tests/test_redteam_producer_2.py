@@ -8,8 +8,8 @@ coordinator must answer something the broker would not (an EndTxn applied and th
 answered with an error, a late answer, slow metadata), and checks Kafka with
 kafka-python's read_committed consumer (tests/rig.py). A signal's exception
 (KeyboardInterrupt) that arrives while a C call of confluent-kafka runs is raised by
-CPython right after that call returns; ``_raise_after_c_call`` stands for it, and a
-signal handler that calls ``close()`` is a profile function that does so.
+CPython right after that call returns; ``raise_after_c_call`` (tests/adversary_support.py)
+stands for it, and a signal handler that calls ``close()`` is a profile function that does so.
 
 Tests marked strict xfail show a promise still broken; their reason names it. The
 others broke a promise when written and were fixed since (their docstring says where),
@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import tenacity
 from confluent_kafka import KafkaError
 
 from kafka_txn import CommitFailedException, PreparedTxnState, TransactionalProducer
-from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from kafka_txn.errors import (
     FatalError,
     IllegalStateError,
@@ -41,41 +39,36 @@ from kafka_txn.errors import (
     TransactionOutcomeUnknownError,
 )
 from kafka_txn.recovery import TransactionOutcome
+from tests import adversary_support as support
+from tests.adversary_support import (
+    interrupt_after,
+    prefixing_processor,
+    prepared_then_crashed,
+    record_commit_timeouts,
+    recover,
+    three_inputs,
+    txn_config,
+)
 from tests.kafka_proxy import ApiKey, KafkaProxy
 from tests.rig import Broker, start_noida
 
-
-class _Interrupted(BaseException):
-    """Stands for a signal handler's exception (KeyboardInterrupt, SystemExit)."""
-
-
-def _raise_after_c_call(name: str, exc: type[BaseException]) -> Callable[..., Any]:
-    """A profile function that raises ``exc`` when the C function ``name`` returns: the
-    schedule of a signal that arrived while the C call ran, whose handler's exception
-    CPython raises at the evaluation check right after the call returns."""
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_return" and getattr(arg, "__name__", "") == name:
-            sys.setprofile(None)
-            raise exc(f"signal during {name}()")
-
-    return profile
+two_phase_config = support.two_phase_config
+proxy = support.proxy
 
 
-def _interrupt_after(name: str, call: Callable[[], Any]) -> None:
-    """Run ``call`` with a signal's exception raised right after the C call ``name``
-    returned; the exception must come out of ``call``."""
-    sys.setprofile(_raise_after_c_call(name, _Interrupted))
+def _order_commits_once_or_is_refused(
+    broker: Broker, producer: TransactionalProducer, topic: str
+) -> None:
+    """The transaction holding the order sent again: prepared and committed with the
+    order once, or refused at prepare and aborted with nothing visible."""
     try:
-        with pytest.raises(_Interrupted):
-            call()
-    finally:
-        sys.setprofile(None)
-
-
-@pytest.fixture
-def two_phase_config(producer_config: dict[str, Any]) -> dict[str, Any]:
-    return {**producer_config, "transaction.two.phase.commit.enable": True}
+        state = producer.prepare_transaction()
+    except TransactionAbortableError:  # refusing to prepare keeps the promise too
+        producer.abort_transaction()
+        assert broker.read_committed(topic, expected=0) == []
+        return
+    assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
+    assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
 
 
 # --------------------------------------------------------------------------- 2.1
@@ -87,18 +80,11 @@ def test_a_send_that_raised_on_a_signal_is_not_in_the_prepared_transaction(
     try:
         producer.init_transactions()
         producer.begin_transaction()
-        _interrupt_after("produce", lambda: producer.produce(topic, b"order-1", partition=0))
+        interrupt_after("produce", lambda: producer.produce(topic, b"order-1", partition=0))
         # The send raised: by the promise it is not in the transaction, so the caller
         # sends the order again.
         producer.produce(topic, b"order-1", partition=0)
-        try:
-            state = producer.prepare_transaction()
-        except TransactionAbortableError:  # refusing to prepare keeps the promise too
-            producer.abort_transaction()
-            assert broker.read_committed(topic, expected=0) == []
-            return
-        assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
-        assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
+        _order_commits_once_or_is_refused(broker, producer, topic)
     finally:
         producer.close(timeout=5)
 
@@ -112,16 +98,9 @@ def test_a_send_interrupted_as_it_returns_is_not_in_the_prepared_transaction(
     try:
         producer.init_transactions()
         producer.begin_transaction()
-        _interrupt_after("pop", lambda: send(topic, b"order-1", partition=0))
+        interrupt_after("pop", lambda: send(topic, b"order-1", partition=0))
         send(topic, b"order-1", partition=0)  # it raised: the caller sends it again
-        try:
-            state = producer.prepare_transaction()
-        except TransactionAbortableError:  # refusing to prepare keeps the promise too
-            producer.abort_transaction()
-            assert broker.read_committed(topic, expected=0) == []
-            return
-        assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
-        assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
+        _order_commits_once_or_is_refused(broker, producer, topic)
     finally:
         producer.close(timeout=5)
 
@@ -131,17 +110,13 @@ def test_complete_again_after_a_signal_right_after_recoverys_init_returns_the_ou
     broker: Broker, topic: str, two_phase_config: dict[str, Any]
 ) -> None:
     """Broke guarantee 3.8, 1.6 when written; fixed in e7b6c51."""
-    crashed = TransactionalProducer(two_phase_config, operation_timeout=20)
-    crashed.init_transactions()
-    crashed.begin_transaction()
-    crashed.produce(topic, b"decided")
-    stored = str(crashed.prepare_transaction())
-    crashed.close(timeout=5)  # leaves the prepared transaction open, as a crash would
+    # leaves the prepared transaction open, as a crash would
+    stored = str(prepared_then_crashed(two_phase_config, topic, b"decided"))
     fresh = TransactionalProducer(two_phase_config, operation_timeout=20)
     try:
         fresh.init_transactions(keep_prepared_txn=True)
         state = PreparedTxnState(stored)
-        _interrupt_after("init_transactions", lambda: fresh.complete_transaction(state))
+        interrupt_after("init_transactions", lambda: fresh.complete_transaction(state))
         assert broker.read_committed(topic, expected=1) == [(None, b"decided")]
         # 3.8: called again with the same state, it runs only what is left.
         assert fresh.complete_transaction(state) is TransactionOutcome.COMMITTED
@@ -163,7 +138,7 @@ def test_init_again_after_a_signal_right_after_librdkafkas_init_leaves_a_usable_
     """Broke guarantee 1.6 when written; fixed in e7b6c51."""
     producer = TransactionalProducer(producer_config, operation_timeout=20)
     try:
-        _interrupt_after("init_transactions", producer.init_transactions)
+        interrupt_after("init_transactions", producer.init_transactions)
         assert producer.state == "new"
         producer.init_transactions()
         producer.begin_transaction()
@@ -194,12 +169,8 @@ def test_recovery_never_reports_committed_a_transaction_another_init_aborted(
 ) -> None:
     if "noida-db" in broker.description:  # Apache Kafka bumps twice: row 12, unknowable
         request.applymarker(_SINGLE_BUMP)
-    crashed = TransactionalProducer(two_phase_config, operation_timeout=20)
-    crashed.init_transactions()
-    crashed.begin_transaction()
-    crashed.produce(topic, b"decided")
-    stored = crashed.prepare_transaction()
-    crashed.close(timeout=5)  # the database committed ``stored``; then the process died
+    # the database committed ``stored``; then the process died
+    stored = prepared_then_crashed(two_phase_config, topic, b"decided")
     # An instance started without recovery (a misconfigured restart): its init fences
     # the prepared transaction and aborts it; it commits one transaction and stops.
     other = TransactionalProducer(two_phase_config, operation_timeout=20)
@@ -237,20 +208,13 @@ _LOST_ANSWERS = pytest.mark.parametrize(
 )
 
 
-@pytest.fixture
-def proxy(broker: Broker) -> Iterator[KafkaProxy]:
-    with KafkaProxy(broker.bootstrap_servers) as p:
-        yield p
-
-
 @_LOST_ANSWERS
 def test_a_commit_the_coordinator_applied_is_never_reported_as_failed(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str, code: int
 ) -> None:
     """Broke README/errors.md CommitFailedException when written; fixed in 12e21bf."""
     producer = TransactionalProducer(
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
     )
     try:
         producer.init_transactions()
@@ -272,36 +236,13 @@ def test_processor_outputs_once_when_the_commits_answer_is_lost_after_it_applied
     broker: Broker, proxy: KafkaProxy, txn_id: str
 ) -> None:
     """Broke 6.1 when written; fixed in 12e21bf, 9a92e0c."""
-    source = broker.create_topic(partitions=1)
-    sink = broker.create_topic(partitions=1)
-    feeder = TransactionalProducer(
-        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"{txn_id}-in"}
-    )
-    try:
-        feeder.init_transactions()
-        with feeder.transaction():
-            for i in range(3):
-                feeder.produce(source, f"in-{i}".encode(), partition=0)
-    finally:
-        feeder.close(timeout=5)
-    processor = ExactlyOnceProcessor(
-        {"bootstrap.servers": broker.bootstrap_servers, "group.id": f"g-{txn_id}"},
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        [source],
-        lambda record: [OutputRecord(sink, b"out-" + record.value())],
-        backoff=tenacity.wait_fixed(0.1),
-    )
+    source, sink = three_inputs(broker, txn_id)
+    processor = prefixing_processor(broker, proxy.bootstrap_servers, txn_id, source, sink)
     proxy.fail(ApiKey.END_TXN, KafkaError.REQUEST_TIMED_OUT, forward=True, times=1)
     try:
         processor.run(idle_timeout=5)
     except FatalError:  # the outcome is unknown: a successor with the same id resumes
-        successor = ExactlyOnceProcessor(
-            {"bootstrap.servers": broker.bootstrap_servers, "group.id": f"g-{txn_id}"},
-            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id},
-            [source],
-            lambda record: [OutputRecord(sink, b"out-" + record.value())],
-            backoff=tenacity.wait_fixed(0.1),
-        )
+        successor = prefixing_processor(broker, broker.bootstrap_servers, txn_id, source, sink)
         successor.run(idle_timeout=5)
     assert sorted(broker.read_committed(sink, expected=3)) == [
         (None, b"out-in-0"),
@@ -311,36 +252,14 @@ def test_processor_outputs_once_when_the_commits_answer_is_lost_after_it_applied
 
 
 # --------------------------------------------------------------------------- 1.9
-class _RecordingProducer:
-    """Delegates to confluent-kafka's Producer and records the timeouts librdkafka's
-    commit_transaction() is given."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.commit_timeouts: list[float] = []
-
-    def commit_transaction(self, timeout: float) -> None:
-        self.commit_timeouts.append(timeout)
-        self._inner.commit_transaction(timeout)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
 def test_a_resumed_prepared_commit_with_a_short_timeout_gets_the_retry_floor(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
     """Broke guarantee 1.9 when written; fixed in e7b6c51."""
     producer = TransactionalProducer(
-        {
-            "bootstrap.servers": proxy.bootstrap_servers,
-            "transactional.id": txn_id,
-            "transaction.two.phase.commit.enable": True,
-        },
-        operation_timeout=30,
+        txn_config(proxy.bootstrap_servers, txn_id, two_phase=True), operation_timeout=30
     )
-    recording = _RecordingProducer(producer._io.producer)
-    producer._io.producer = recording
+    recording = record_commit_timeouts(producer)
     try:
         producer.init_transactions()
         producer.begin_transaction()
@@ -401,12 +320,7 @@ def test_a_state_of_another_cluster_is_refused_when_the_cluster_id_cannot_be_rea
     finally:
         proxy.remove(slow_metadata)
         mixed_up.close(timeout=5)
-    fresh = TransactionalProducer(two_phase_config, operation_timeout=20)
-    try:
-        fresh.init_transactions(keep_prepared_txn=True)
-        assert fresh.complete_transaction(stored) is TransactionOutcome.COMMITTED
-    finally:
-        fresh.close(timeout=5)
+    assert recover(two_phase_config, stored) is TransactionOutcome.COMMITTED
     assert sorted(broker.read_committed(topic, expected=2)) == [
         (None, b"decided"),
         (None, b"earlier"),
@@ -419,12 +333,7 @@ def test_recovery_that_raises_committed_nothing(
 ) -> None:
     """Broke two-phase-commit.md ('If recovery raises, it committed nothing') when
     written; fixed in 12e21bf."""
-    crashed = TransactionalProducer(two_phase_config, operation_timeout=20)
-    crashed.init_transactions()
-    crashed.begin_transaction()
-    crashed.produce(topic, b"decided")
-    stored = crashed.prepare_transaction()
-    crashed.close(timeout=5)
+    stored = prepared_then_crashed(two_phase_config, topic, b"decided")
     fresh = TransactionalProducer(
         {**two_phase_config, "bootstrap.servers": proxy.bootstrap_servers}, operation_timeout=10
     )
@@ -454,8 +363,7 @@ def test_a_produce_the_broker_applied_but_answered_with_an_error_commits_once(
     appends the batch and the answer is a retriable error; librdkafka sends the batch
     again with the same sequence numbers and the broker drops the duplicate."""
     producer = TransactionalProducer(
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
     )
     try:
         producer.init_transactions()
@@ -476,12 +384,10 @@ def test_an_init_that_timed_out_says_it_may_have_fenced(
     late. The error says the init may already have fenced older instances (it did): the
     running instance's commit is refused as fenced and nothing of it is visible."""
     running = TransactionalProducer(
-        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=20,
+        txn_config(broker.bootstrap_servers, txn_id), operation_timeout=20
     )
     starting = TransactionalProducer(
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=2,
+        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=2
     )
     try:
         running.init_transactions()
@@ -562,12 +468,7 @@ def test_a_prepared_commit_applied_but_answered_with_an_error_is_recovered_once(
             producer.abort_transaction()
     finally:
         producer.close(timeout=5)
-    fresh = TransactionalProducer(two_phase_config, operation_timeout=20)
-    try:
-        fresh.init_transactions(keep_prepared_txn=True)
-        assert fresh.complete_transaction(stored) is TransactionOutcome.ALREADY_COMMITTED
-    finally:
-        fresh.close(timeout=5)
+    assert recover(two_phase_config, stored) is TransactionOutcome.ALREADY_COMMITTED
     assert broker.read_committed(topic, expected=1) == [(None, b"decided")]
 
 
@@ -648,14 +549,9 @@ def test_a_state_of_another_local_cluster_is_refused(
     finally:
         theirs.close(timeout=5)
     our_topic = here.create_topic(partitions=1)
-    crashed = TransactionalProducer(
-        {**config, "bootstrap.servers": here.bootstrap_servers}, operation_timeout=20
-    )
-    crashed.init_transactions()
-    crashed.begin_transaction()
-    crashed.produce(our_topic, b"decided")
-    stored = crashed.prepare_transaction()  # this cluster's database committed it
-    crashed.close(timeout=5)
+    here_config = {**config, "bootstrap.servers": here.bootstrap_servers}
+    # this cluster's database committed it
+    stored = prepared_then_crashed(here_config, our_topic, b"decided")
     fresh = TransactionalProducer(
         {**config, "bootstrap.servers": here.bootstrap_servers}, operation_timeout=20
     )
@@ -674,8 +570,7 @@ def test_close_never_aborts_a_transaction_whose_commit_was_sent(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
     producer = TransactionalProducer(
-        {"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": txn_id},
-        operation_timeout=20,
+        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
     )
     try:
         producer.init_transactions()

@@ -55,20 +55,25 @@ except ImportError as exc:
     raise missing_extra("kafka_txn.dualwrite", "sql", exc) from exc
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     DateTime,
+    Integer,
     MetaData,
     String,
     Table,
     bindparam,
+    case,
+    cast,
     func,
     insert,
     inspect,
+    literal_column,
     select,
     text,
     update,
 )
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, Transaction, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
@@ -260,6 +265,10 @@ def _normalized(stored: str) -> str | None:
         return None
 
 
+_NOT_COMPLETE_ROLLBACK = 1196
+"""MySQL/MariaDB's warning on a ROLLBACK that could not undo changes to non-transactional
+tables: "Some non-transactional changed tables couldn't be rolled back"."""
+
 _TEXT_LIMITS = {"TINYTEXT": 255, "TINYBLOB": 255}
 """Byte limits of MySQL/MariaDB text types that reflect without a length (the states are
 ASCII: bytes are characters); the larger TEXT types hold any state."""
@@ -269,6 +278,18 @@ class _Row(NamedTuple):
     state: str
     owner: str | None
     updated: Any
+    xid: Any = None
+    """PostgreSQL: the id of the transaction that took the lock (``txid_current()``)."""
+
+
+_LOCK_LOST = "kafka-txn: the transaction that locked the state row ended, now in "
+"""What the state write's guard on PostgreSQL makes the database say (an invalid integer,
+SQLSTATE 22P02) when it runs in another transaction than the one that took the lock."""
+
+_BODY_RULE = (
+    "The Kafka transaction is aborted, so nothing of it is visible. The body must "
+    "leave the transaction to the writer: no COMMIT, ROLLBACK or autocommit switch in it"
+)
 
 
 class DualWriteTransaction:
@@ -529,18 +550,26 @@ class _StateRow:
             self._lock_statement: Any = (
                 update(self.table).where(where).values({self._updated: self._updated})
             )
-        elif self.dialect == "postgresql" and self.lock_timeout is not None:
-            # set_config(..., true) is SET LOCAL lock_timeout, in the same round trip: the
-            # filter runs on the row before LockRows waits for its lock, and PostgreSQL
-            # reads lock_timeout when a wait begins (ProcSleep, src/backend/storage/lmgr/
-            # proc.c). A volatile function is never folded or skipped.
-            bound = func.set_config("lock_timeout", bindparam("lock_ms"), True).is_not(None)
-            self._lock_statement = select(*row).where(where, bound).with_for_update()
+        elif self.dialect == "postgresql":
+            # The lock also reads the id of the transaction that takes it (a row lock
+            # assigns one anyway), for the state write's guard (below).
+            filters: list[Any] = [where]
+            if self.lock_timeout is not None:
+                # set_config(..., true) is SET LOCAL lock_timeout, in the same round trip:
+                # the filter runs on the row before LockRows waits for its lock, and
+                # PostgreSQL reads lock_timeout when a wait begins (ProcSleep,
+                # src/backend/storage/lmgr/proc.c). A volatile function is never folded
+                # or skipped.
+                bound = func.set_config("lock_timeout", bindparam("lock_ms"), True)
+                filters.append(bound.is_not(None))
+            self._lock_statement = (
+                select(*row, func.txid_current()).where(*filters).with_for_update()
+            )
         else:
             self._lock_statement = self._select_row.with_for_update()
         self._write_statement = (
             update(self.table)
-            .where(where)
+            .where(where, *self._same_transaction())
             .values({self._state: bindparam("state"), self._updated: func.now()})
         )
         self._settle_statement = (
@@ -559,6 +588,25 @@ class _StateRow:
             .where(where, self._state == bindparam("committed"))
             .values({self._state: bindparam("completed"), self._updated: func.now()})
         )
+
+    def _same_transaction(self) -> list[Any]:
+        """PostgreSQL: the state write's guard that it runs in the transaction that took
+        the lock. A body that sent ROLLBACK (or COMMIT) then BEGIN as SQL leaves the
+        session in a transaction again, without the lock and without what it wrote
+        before; the guard then fails the UPDATE with an error (``_LOCK_LOST``), which
+        also keeps the COMMIT pipelined after it from running: a row count of 0 would
+        come too late for that. No round trip of its own; the failing branch calls
+        ``txid_current()`` so that the planner cannot evaluate it ahead of the test."""
+        if self.dialect != "postgresql":
+            return []
+        now = func.txid_current()
+        lost: Any = literal_column(f"'{_LOCK_LOST}'") + cast(now, String)
+        ok = case((now == bindparam("xid", type_=BigInteger), literal_column("'1'")), else_=lost)
+        return [cast(ok, Integer) == literal_column("1")]
+
+    def lock_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the state write's guard failing (``_same_transaction``)."""
+        return isinstance(exc, DBAPIError) and _LOCK_LOST in str(exc.orig)
 
     def _ensure_owner_column(self, create: bool, columns: set[str]) -> None:
         """Add the owner column to a state table created before it existed. Safe when
@@ -639,7 +687,8 @@ class _StateRow:
                 f"state row for {self.transactional_id!r} is missing from "
                 f"{self.table.name}: call start() (or create it) first"
             )
-        return _Row(str(row[0]), row[1], row[2])
+        xid = tuple(row)[3] if len(row) > 3 else None  # PostgreSQL's lock reads it
+        return _Row(str(row[0]), row[1], row[2], xid)
 
     def _lock_mysql(self, conn: Connection, params: dict[str, Any]) -> Any:
         """The lock on MySQL/MariaDB, its wait bounded by ``lock_timeout`` whatever the
@@ -693,11 +742,40 @@ class _StateRow:
             "was no longer open after its body ran: the body ended it (a COMMIT, SET "
             "autocommit = 1, or the driver's autocommit switched on), so what it wrote "
             "until then may be committed and stay in the database, and the rest ran "
-            "statement by statement; or the database rolled it back after an error. The "
-            "Kafka transaction is aborted, so nothing of it is visible. The body must "
-            "leave the transaction to the writer: no COMMIT, ROLLBACK or autocommit "
-            "switch in it"
+            "statement by statement; or the database rolled it back after an error. "
+            f"{_BODY_RULE}"
         )
+
+    def body_began_another(self, how: str) -> ConfigurationError:
+        """The error for a body that ended the database transaction holding the
+        state-row lock and went on in a new one (``how``): what it wrote before may be
+        committed, what it wrote after is rolled back, the lock was released between."""
+        return ConfigurationError(
+            f"the body of a transaction of the DualWriter for {self.transactional_id!r} "
+            f"ended the database transaction that held the state-row lock ({how}): what "
+            "it wrote before may be committed and stay in the database (a COMMIT), or is "
+            "undone (a ROLLBACK), and the lock was released; what it wrote after ran in a "
+            "new transaction, which the writer rolled back. " + _BODY_RULE
+        )
+
+    def kept_non_transactional(self, conn: Connection) -> bool:
+        """MySQL/MariaDB, right after the writer's ROLLBACK: whether it warned that
+        rows of non-transactional tables (MyISAM, Aria, MEMORY) could not be rolled back
+        (ER_WARNING_NOT_COMPLETE_ROLLBACK, 1196). A round trip on the failure path only,
+        on the DBAPI connection (SQLAlchemy would begin a transaction for it)."""
+        if self.dialect not in ("mysql", "mariadb") or conn.invalidated or conn.closed:
+            return False
+        try:
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.execute("SHOW WARNINGS")
+                codes = {row[1] for row in cursor.fetchall()}
+            finally:
+                cursor.close()
+        except Exception as exc:
+            log.warning("could not read the warnings of the database rollback: %s", exc)
+            return False
+        return _NOT_COMPLETE_ROLLBACK in codes
 
     def settle(self, conn: Connection, state: PreparedTxnState) -> None:
         """start(): store the settled state and this writer as the row's owner."""
@@ -711,10 +789,14 @@ class _StateRow:
         PostgreSQL with psycopg 3: ``kafka_txn._pg_pipeline``)."""
         return Decision(conn, self.pipelined)
 
-    def write(self, decision: Decision, state: PreparedTxnState) -> None:
+    def write(self, decision: Decision, state: PreparedTxnState, locked: _Row) -> None:
         """A transaction's decision: its prepared state, in its database transaction
-        (queued, on PostgreSQL, to go with the COMMIT)."""
-        decision.execute(self._write_statement, {"tid": self.transactional_id, "state": str(state)})
+        (queued, on PostgreSQL, to go with the COMMIT), which must still be the one that
+        took the lock (``locked``; checked on PostgreSQL, ``_same_transaction``)."""
+        params: dict[str, Any] = {"tid": self.transactional_id, "state": str(state)}
+        if self.dialect == "postgresql":
+            params["xid"] = locked.xid
+        decision.execute(self._write_statement, params)
 
     def store_completed(self, state: PreparedTxnState, conn: Connection | None = None) -> bool:
         """``UPDATE ... SET state = state.mark_completed() WHERE state = state``: a
@@ -1226,27 +1308,28 @@ class DualWriter:
         db_committed = False
         try:
             with self.engine.connect() as conn:
-                conn.begin()
+                # The transaction SQLAlchemy knows this one by: a body that commits or
+                # rolls back through tx.connection ends it (a later statement autobegins
+                # another), which the writer checks without a round trip.
+                root = conn.begin()
                 decision = self._row.decision(conn)
                 try:
                     try:
-                        self._check_owner(
-                            self._row.lock(conn, decision),
-                            "nothing of this transaction was written",
-                        )
+                        locked = self._row.lock(conn, decision)
+                        self._check_owner(locked, "nothing of this transaction was written")
                         producer.begin_transaction()
                         began = True
                         self._step("after_begin")
                         self._watch.watch(conn)
                         yield DualWriteTransaction(conn, producer)
                         self._step("after_send")
-                        self._check_body_kept_transaction(conn)
+                        self._check_body_kept_transaction(conn, root)
                         state = producer.prepare_transaction()
                         self._step("after_prepare")
-                        self._row.write(decision, state)
+                        self._row.write(decision, state, locked)
                         self._step("after_state_write")
                     except BaseException as exc:
-                        self._failed(conn, began, decision, exc)
+                        self._failed(conn, began, decision, exc, root)
                         raise
                     self._commit_database(conn, decision)
                     db_committed = True
@@ -1329,31 +1412,50 @@ class DualWriter:
         raise self._broken
 
     def _failed(
-        self, conn: Connection, began: bool, decision: Decision, exc: BaseException
+        self,
+        conn: Connection,
+        began: bool,
+        decision: Decision,
+        exc: BaseException,
+        root: Transaction,
     ) -> None:
         """The transaction failed before its database commit: roll both back. If the
         body had ended the database transaction itself, say so (chaining its error):
-        the database keeps part of what it wrote."""
+        the database keeps part of what it wrote; so if the rollback left rows of
+        non-transactional tables (MySQL/MariaDB)."""
         self._watch.stop()
-        ended = (
-            self._row.body_ended_transaction(conn)
-            if began
-            and isinstance(exc, Exception)
-            and type(exc) is not ConfigurationError
+        ended: ConfigurationError | None = None
+        if began and isinstance(exc, Exception) and type(exc) is not ConfigurationError:
+            if self._row.lock_lost(exc):  # the state write's guard (PostgreSQL)
+                ended = self._row.body_began_another("a ROLLBACK or COMMIT sent as SQL")
+            else:
+                ended = self._began_another(conn, root)
             # SQLite rolls a transaction back by itself after some errors (SQLITE_FULL,
-            # SQLITE_IOERR): there the body's own error says more.
-            and self._row.dialect != "sqlite"
-            else None
-        )
+            # SQLITE_IOERR), which SQLAlchemy's transaction does not show: there the
+            # body's own error says more than the session's state.
+            if ended is None and self._row.dialect != "sqlite":
+                ended = self._row.body_ended_transaction(conn)
         decision.discard()
-        self._roll_back(conn, began, decision)
+        kept = self._roll_back(conn, began, decision)
         if ended is not None:
             raise ended from exc
+        if kept is not None and isinstance(exc, Exception):  # an interruption goes on
+            raise kept from exc
 
-    def _check_body_kept_transaction(self, conn: Connection) -> None:
+    def _began_another(self, conn: Connection, root: Transaction) -> ConfigurationError | None:
+        """The error for a body that committed or rolled back through SQLAlchemy
+        (``tx.connection.commit()``, ``.rollback()``): the connection's transaction is
+        no longer ``root``, the one the writer began (none, or one begun since)."""
+        if conn.get_transaction() is root:
+            return None
+        return self._row.body_began_another("tx.connection.commit() or .rollback()")
+
+    def _check_body_kept_transaction(self, conn: Connection, root: Transaction) -> None:
         """After the body: its database transaction must still be the one that holds
         the state-row lock, neither rolled back by the database after an error the body
-        caught, nor ended by the body itself."""
+        caught, nor ended by the body itself (through SQLAlchemy: the connection's
+        transaction is no longer ``root``; on PostgreSQL as SQL: the state write's guard
+        fails). No round trip."""
         lost = self._watch.rolled_back()
         if lost is not None:
             raise TransactionAbortableError(
@@ -1365,17 +1467,31 @@ class DualWriter:
                 "failing statement, run it in a savepoint "
                 "(with tx.connection.begin_nested(): ...)"
             )
-        ended = self._row.body_ended_transaction(conn)
+        ended = self._began_another(conn, root) or self._row.body_ended_transaction(conn)
         if ended is not None:
             raise ended
 
-    def _roll_back(self, conn: Connection, began: bool, decision: Decision) -> None:
+    def _roll_back(
+        self, conn: Connection, began: bool, decision: Decision
+    ) -> ConfigurationError | None:
         """The database did not commit: roll it back and abort the Kafka transaction
-        this attempt began (never one it did not begin)."""
+        this attempt began (never one it did not begin). Returns the error to raise if
+        the rollback left the body's rows in non-transactional tables (MySQL/MariaDB)."""
+        kept: ConfigurationError | None = None
         try:
             conn.rollback()
         except DBAPIError as exc:
             log.warning("database rollback failed: %s", exc)
+        else:
+            if began and self._row.kept_non_transactional(conn):
+                kept = ConfigurationError(
+                    f"the dual write of {self.transactional_id!r} failed and was rolled "
+                    "back, but the database warned that changes to non-transactional "
+                    "tables (MyISAM, Aria, MEMORY: warning 1196) could not be rolled back: "
+                    "what the body wrote to them stays in the database, while nothing of "
+                    "the Kafka transaction becomes visible. Write only to transactional "
+                    "tables (ENGINE=InnoDB) in the body"
+                )
         decision.finish()  # autocommit off again before the mark's transaction
         if began and self.producer.in_transaction:
             # The abort may bump the epoch (librdkafka's KIP-360 abort), after which the
@@ -1385,11 +1501,12 @@ class DualWriter:
             # second connection would never come.
             if not self._marks.flush(conn):
                 self._leave_open()
-                return
+                return kept
             try:
                 self.producer.abort_transaction()
             except KafkaTxnError as exc:
                 log.warning("Kafka abort after a failed dual write failed: %s", exc)
+        return kept
 
     def _leave_open(self) -> None:
         """The last commit could not be stored completed: rather than abort (which may
@@ -1420,7 +1537,13 @@ class DualWriter:
                     "commits or aborts it to match the database"
                 )
                 raise self._broken from exc
-            self._roll_back(conn, True, decision)  # the database refused: nothing committed
+            # The database refused: nothing committed (but rows of non-transactional
+            # tables; on PostgreSQL the state write's guard may be what refused).
+            kept = self._roll_back(conn, True, decision)
+            if self._row.lock_lost(exc):
+                raise self._row.body_began_another("a ROLLBACK or COMMIT sent as SQL") from exc
+            if kept is not None:
+                raise kept from exc
             raise
         except BaseException as exc:
             # Interrupted (KeyboardInterrupt, a timeout signal) while the COMMIT was under

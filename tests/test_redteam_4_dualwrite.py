@@ -57,14 +57,6 @@ def _body_outcome(
     return sorted_values(writer.engine, events), _kafka_values(broker, topic, expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="4.2: a body that rolls its database transaction back and goes on writing is "
-    "not seen (the session is in a transaction again after the body): the writer commits, "
-    "the database keeps only the rows written after the ROLLBACK while Kafka commits every "
-    "record, and no error is raised",
-)
 @pytest.mark.parametrize("db", ["postgresql", "mariadb", "sqlite"])
 def test_a_body_that_rolls_back_and_goes_on_never_diverges_silently(
     make_writer: Any,
@@ -100,20 +92,16 @@ def test_a_body_that_rolls_back_and_goes_on_never_diverges_silently(
             tx.produce(topic, b"b")
     except ConfigurationError as exc:
         raised = exc
-    rows, records = _body_outcome(writer, events, broker, topic, expected=2)
-    # Observed: rows == ["b"], records == ["a", "b"], nothing raised.
-    assert raised is not None or rows == records, (rows, records)
+    rows, records = _body_outcome(writer, events, broker, topic, expected=0 if raised else 2)
+    # Before the fix: rows == ["b"], records == ["a", "b"], nothing raised. Now the writer
+    # sees it (SQLAlchemy's transaction is no longer the one it began; on PostgreSQL the
+    # state write's guard: another transaction than the one that took the lock), rolls
+    # back, aborts Kafka and says so.
+    assert raised is not None, (rows, records)
+    assert "ended the database transaction that held the state-row lock" in str(raised)
+    assert rows == records == [], (rows, records)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="4.2: a body that COMMITs and then raises (MariaDB: PyMySQL's status flags do "
-    "not show the session out of its transaction; SQLite: _failed() skips the check) gets "
-    "its Kafka transaction aborted while its committed rows stay, and the body's own "
-    "error is raised as if both sides had rolled back, not the documented "
-    "ConfigurationError",
-)
 @pytest.mark.parametrize("db", ["mariadb", "sqlite"])
 def test_a_body_that_commits_then_raises_is_reported_as_rows_left_behind(
     make_writer: Any,
@@ -137,19 +125,90 @@ def test_a_body_that_commits_then_raises_is_reported_as_rows_left_behind(
         raise ValueError("the body fails after its COMMIT")
     rows, records = _body_outcome(writer, events, broker, topic, expected=0)
     assert rows == ["a"] and records == []  # the divergence the error has to announce
-    # Observed: ValueError, the body's own error, which 4.2 says means "rolls back both".
+    # Before the fix: ValueError, the body's own error, which 4.2 says means "rolls back
+    # both". Now the ConfigurationError saying rows may stay, chaining the body's error.
     assert isinstance(caught.value, ConfigurationError), repr(caught.value)
+    assert isinstance(caught.value.__cause__, ValueError), repr(caught.value.__cause__)
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "statement_by_statement"])
+@pytest.mark.parametrize("end", ["COMMIT", "ROLLBACK"])
+def test_postgresql_body_ending_its_transaction_as_sql_then_beginning_is_reported(
+    make_writer: Any, broker: Broker, topic: str, txn_id: str, postgres_jdbc: str,
+    end: str, pipelined: bool,
+) -> None:  # fmt: skip
+    """4.2: on PostgreSQL a body that sends COMMIT or ROLLBACK, then BEGIN, as SQL (the
+    session is in a transaction again, SQLAlchemy's transaction unchanged) is seen by the
+    state write's guard, in the same statement (pipelined with the COMMIT, or on its
+    own): Kafka aborted, ConfigurationError, what came after the BEGIN rolled back."""
+    events = id_value_table(unique_name("ev"))
+    writer = make_writer(txn_id, postgres_jdbc, state_table=unique_name("st"),
+                         tables=[events.name])  # fmt: skip
+    events.create(writer.engine)
+    writer.start()
+    writer._row.pipelined = pipelined
+    with (
+        pytest.raises(ConfigurationError, match="held the state-row lock") as caught,
+        writer.transaction() as tx,
+    ):
+        tx.connection.execute(insert(events).values(id=1, value="a"))
+        tx.produce(topic, b"a")
+        tx.connection.execute(text(end))
+        tx.connection.execute(text("BEGIN"))
+        tx.connection.execute(insert(events).values(id=2, value="b"))
+        tx.produce(topic, b"b")
+    assert "kafka-txn: the transaction that locked the state row ended" in str(
+        caught.value.__cause__
+    )
+    rows, records = _body_outcome(writer, events, broker, topic, expected=0)
+    assert rows == (["a"] if end == "COMMIT" else []) and records == [], (rows, records)
+    with writer.transaction() as tx:  # the writer goes on
+        tx.connection.execute(insert(events).values(id=3, value="c"))
+        tx.produce(topic, b"c")
+    rows, records = _body_outcome(writer, events, broker, topic, expected=1)
+    assert records == ["c"] and "c" in rows, (rows, records)
 
 
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="4.2 / What the caller must guarantee: rows the body writes to a "
-    "non-transactional MariaDB table (ENGINE=MyISAM) stay when the writer rolls back and "
-    "aborts Kafka; nothing reports it (MariaDB's warning 1196 is not read) and the caller "
-    "guarantees do not exclude such tables",
+    reason="Not guaranteed (docs/guarantees.md): on MariaDB and SQLite a ROLLBACK sent as "
+    "SQL, followed by more statements, is not seen: the session is in a transaction again "
+    "(the driver begins one at the next write), SQLAlchemy's transaction is unchanged, and "
+    "neither database tells a transaction's identity without a round trip",
 )
-def test_a_body_error_leaves_no_row_in_a_mariadb_non_transactional_table(
+@pytest.mark.parametrize("db", ["mariadb", "sqlite"])
+def test_a_rollback_sent_as_sql_then_more_statements_is_not_seen_on_mariadb_and_sqlite(
+    make_writer: Any,
+    broker: Broker,
+    topic: str,
+    txn_id: str,
+    db: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    events = id_value_table(unique_name("ev"))
+    writer = make_writer(
+        txn_id, _jdbc(db, request, tmp_path), state_table=unique_name("st"), tables=[events.name]
+    )
+    events.create(writer.engine)
+    writer.start()
+    raised: BaseException | None = None
+    try:
+        with writer.transaction() as tx:
+            tx.connection.execute(insert(events).values(id=1, value="a"))
+            tx.produce(topic, b"a")
+            tx.connection.execute(text("ROLLBACK"))
+            tx.connection.execute(insert(events).values(id=2, value="b"))
+            tx.produce(topic, b"b")
+    except ConfigurationError as exc:
+        raised = exc
+    rows, records = _body_outcome(writer, events, broker, topic, expected=0 if raised else 2)
+    # Observed: rows == ["b"], records == ["a", "b"], nothing raised.
+    assert raised is not None or rows == records, (rows, records)
+
+
+def test_a_body_error_leaving_a_row_in_a_mariadb_non_transactional_table_is_reported(
     make_writer: Any, broker: Broker, topic: str, txn_id: str, mariadb_jdbc: str
 ) -> None:
     name = unique_name("ev")
@@ -160,20 +219,18 @@ def test_a_body_error_leaves_no_row_in_a_mariadb_non_transactional_table(
             text(f"CREATE TABLE {name} (id INT PRIMARY KEY, value VARCHAR(64)) ENGINE=MyISAM")
         )
     writer.start()
-    raised: BaseException | None = None
-    try:
-        with writer.transaction() as tx:
-            tx.connection.execute(insert(events).values(id=1, value="a"))
-            tx.produce(topic, b"a")
-            raise ValueError("the body fails")
-    except ValueError as exc:
-        raised = exc
-    except ConfigurationError:  # a reported divergence would keep the promise
-        return
-    assert isinstance(raised, ValueError)
+    with (
+        pytest.raises(ConfigurationError, match="non-transactional") as caught,
+        writer.transaction() as tx,
+    ):
+        tx.connection.execute(insert(events).values(id=1, value="a"))
+        tx.produce(topic, b"a")
+        raise ValueError("the body fails")
+    # Before the fix: the body's ValueError only. Now the ConfigurationError (warning 1196
+    # read after the writer's ROLLBACK) announces the row MyISAM kept, chaining the error.
+    assert isinstance(caught.value.__cause__, ValueError), repr(caught.value.__cause__)
     rows, records = _body_outcome(writer, events, broker, topic, expected=0)
-    # Observed: rows == ["a"], records == [], the body's ValueError only.
-    assert rows == records, (rows, records)
+    assert rows == ["a"] and records == [], (rows, records)
 
 
 def test_recover_advice_for_a_divergence_followed_twice_duplicates_nothing(

@@ -18,7 +18,10 @@ Three tables, named after the commits table ``C``:
 
 Before each batch the driver also settles every unfinished per-partition transaction of
 the prefix (a state row not marked completed: a task that died between its database and
-Kafka commits, whose partition may be absent or empty in the replay).
+Kafka commits, whose partition may be absent or empty in the replay), and, when the
+batch has fewer partitions than one before it, the ids above its count (``beyond``: a
+task that died after its prepare and before its database commit left its Kafka
+transaction open, and no task of the smaller batch runs that id again).
 """
 
 from __future__ import annotations
@@ -182,6 +185,9 @@ class Ledger:
         self.batches = batches_table(commits)
         self.state = state
         self._state_exists = False
+        # Partitions below this count may hold a transaction an earlier batch left open
+        # (read from the batches table at the first batch, then kept in memory).
+        self._high: int | None = None
 
     @staticmethod
     def check_names(commits: str) -> None:
@@ -284,12 +290,36 @@ class Ledger:
         ]
         return sorted(found, key=lambda name: int(name[len(head) :]))
 
+    def beyond(self, partitions: int) -> list[str]:
+        """Transactional ids of the prefix at or above ``partitions`` that a batch may
+        have used since they were last settled: a task killed after its prepare and
+        before its database commit leaves its Kafka transaction open while its state row
+        (rolled back) still reads completed, and a batch with fewer partitions never
+        runs that id again. Only the first call reads the database (the highest count
+        recorded for the prefix); the common path, no fewer partitions than before, is
+        one comparison."""
+        if self._high is None:
+            with self.engine.connect() as conn:
+                high = conn.execute(
+                    select(func.max(self.batches.c.partitions)).where(
+                        self.batches.c.sink == self.prefix
+                    )
+                ).scalar()
+            self._high = int(high or 0)
+        return [f"{self.prefix}-{p}" for p in range(partitions, self._high)]
+
+    def settled_beyond(self, partitions: int) -> None:
+        """The ids ``beyond(partitions)`` named were settled."""
+        self._high = partitions
+
     def record_batch(
         self, query_id: str, batch_id: int, partitions: int, replaces: str | None
     ) -> None:
         """Take the prefix (over ``replaces``, if given) and record or check the batch's
         partition count, in one database transaction."""
         now = func.now()
+        # Before the batch can run: its ids may be left open from here on.
+        self._high = max(self._high or 0, partitions)
         with self.engine.begin() as conn:
             self._take(conn, query_id, replaces, now)
             known = conn.execute(

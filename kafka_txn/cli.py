@@ -54,6 +54,7 @@ from ._cli_fencing import (
     changes_since,
     guard_row,
     owner_note,
+    owner_process,
     reasons_to_ask,
 )
 from ._cli_terminal import Deadline, NotConfirmedError, ask, configure_logging, waiting
@@ -268,9 +269,17 @@ def _confirm_fencing(
     reasons = reasons_to_ask(seen, row)
     if not reasons or yes:
         return False
+    owner = owner_process(row.owner if row is not None else None)
+    who = (
+        # The state row's owner is gone, yet the id was used recently (the reasons).
+        "so it is not that process, but another writer (on another host, or one that "
+        "took the id over since) may be using it"
+        if owner is not None and owner.running is False
+        else "a writer may still be using it"
+    )
     situation = (
         f"transactional id {transactional_id!r} {'; and it '.join(reasons)}"
-        f"{owner_note(row)}: a writer may still be using it, and {command} would fence it"
+        f"{owner_note(row)}: {who}, and {command} would fence it"
     )
     try:
         ask(f"kafka-txn: {situation}.\nProceed with {command}?")

@@ -21,6 +21,7 @@ is written in the same database transaction as the rows and the prepared state, 
 replayed partition finds its marker and writes nothing. Before each batch the driver
 checks that the prefix belongs to this query, that a replayed batch has the partition
 count it was first written with, and settles every unfinished transaction of the prefix
+and, after a batch with more partitions, the ids this one does not use
 (``kafka_txn._sink_ledger``, ``kafka_txn._sink_settle``: several at once). Writers are
 kept across batches in each Python worker, sharing its engine (``kafka_txn._sink_tasks``).
 This needs the batch's partitions to hold the same rows when replayed, as Spark's
@@ -32,6 +33,7 @@ pyspark is an optional extra: ``pip install 'kafka-txn[spark]'``.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -47,13 +49,15 @@ from sqlalchemy import Column, MetaData, String, Table
 from sqlalchemy.engine import Engine
 
 from ._ddl import create_table_if_missing
-from ._sink_ledger import BATCH_JOB, Ledger
+from ._sink_ledger import Ledger
+from ._sink_query import resolve_query_id
 from ._sink_settle import settle_unfinished
 from ._sink_tasks import PartitionWriter
 from ._spark_mapping import Mapping as RowMapping
 from ._spark_mapping import qualified_table
 from ._spark_options import SinkOptions, StepHook, with_isolation
 from .dualwrite import engine_for, validate_identifier
+from .errors import SinkOwnershipError
 from .jdbc import redact_jdbc_url, redact_settings
 
 if TYPE_CHECKING:
@@ -63,10 +67,11 @@ __all__ = ["KafkaJdbcSink", "StepHook"]
 
 log = logging.getLogger("kafka_txn.spark")
 
-# Set by Spark's StreamExecution on the thread that runs a micro-batch, and visible from
-# foreachBatch's Python function (py4j pins its calls to that JVM thread): the query's
-# id, which is stable across restarts from the same checkpoint and new with a fresh one.
-_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+# What each prefix writes, per database, commits table and query (or batch jobs), as
+# sinks of this process used it: two sinks on one prefix (one query writing two tables)
+# would share commit markers, and the second would skip every batch the first wrote.
+_PREFIX_USES: dict[tuple[str, str, str, str], tuple[str, str | None]] = {}
+_PREFIX_USES_LOCK = threading.Lock()
 
 
 class KafkaJdbcSink:
@@ -146,19 +151,38 @@ class KafkaJdbcSink:
         )
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        """``foreachBatch`` entry point."""
-        self.write(df, batch_id)
+        """``foreachBatch`` entry point. Refuses (``ConfigurationError``) to run where
+        the streaming query cannot be told, rather than write as a batch job."""
+        self._write(df, batch_id, None, foreach_batch=True)
 
-    def write(self, df: DataFrame, batch_id: int) -> None:
+    def write(self, df: DataFrame, batch_id: int, *, query_id: str | None = None) -> None:
         """Write one batch; running it again with the same ``batch_id`` writes nothing
         new (per-partition commit markers). Outside a streaming query (a batch job),
-        every ``batch_id`` names one write."""
+        every ``batch_id`` names one write.
+
+        The streaming query is the one running on this thread (Spark's local property
+        ``sql.streaming.queryId``, also seen by a ``pyspark.InheritableThread``), else
+        the active query whose batch ``df`` is. With no query running, ``write()`` is a
+        batch job; called from a thread that sees no query while one runs, and ``df``
+        not one of its batches, it is refused with ``ConfigurationError`` rather than
+        taken for a batch job: pass ``query_id`` (the query's id; ``""`` for a batch
+        job)."""
+        self._write(df, batch_id, query_id, foreach_batch=False)
+
+    def _write(
+        self, df: DataFrame, batch_id: int, query_id: str | None, *, foreach_batch: bool
+    ) -> None:
         o = self.options
         mapping = RowMapping.check(df.schema, o.topic)
-        query_id = df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY) or BATCH_JOB
+        query_id = resolve_query_id(df, query_id, foreach_batch=foreach_batch)
+        self._claim_prefix(query_id)
         ledger = self._prepare(mapping)
         replaces = ledger.check_owner(query_id, o.start_over)
-        unfinished = ledger.unfinished()
+        partitions = df.rdd.getNumPartitions()  # the RDD foreachPartition runs (cached)
+        beyond = ledger.beyond(partitions)
+        unfinished = sorted(
+            set(ledger.unfinished()) | set(beyond), key=lambda tid: int(tid.rsplit("-", 1)[1])
+        )
         if unfinished:
             # An engine for the settling writers alone (their lock_timeout is a setting
             # of the connection on MySQL/MariaDB), closed once they are done: its pool
@@ -171,7 +195,8 @@ class KafkaJdbcSink:
                 )  # fmt: skip
             finally:
                 engine.dispose()
-        partitions = df.rdd.getNumPartitions()  # the RDD foreachPartition runs (cached)
+        if beyond:
+            ledger.settled_beyond(partitions)
         ledger.record_batch(query_id, batch_id, partitions, replaces)
         df.foreachPartition(PartitionWriter(o, query_id, batch_id, partitions, mapping))
 
@@ -185,6 +210,29 @@ class KafkaJdbcSink:
         return {**self.__dict__, "_engine": None, "_ledger": None}
 
     # ------------------------------------------------------------------ internals
+    def _claim_prefix(self, query_id: str) -> None:
+        """Refuse a prefix another sink of this process used for another table or topic
+        in the same query (or batch jobs), database and commits table:
+        SinkOwnershipError; ``start_over`` takes the prefix over. Sinks in other
+        processes are not seen (docs/spark.md)."""
+        o = self.options
+        key = (o.url, o.commits_table, o.transactional_id_prefix, query_id)
+        mine = (o.dbtable, o.topic)
+        with _PREFIX_USES_LOCK:
+            if o.start_over:
+                _PREFIX_USES[key] = mine
+            theirs = _PREFIX_USES.setdefault(key, mine)
+        if theirs != mine:
+            raise SinkOwnershipError(
+                f"transactional id prefix {o.transactional_id_prefix!r} is used by another "
+                f"sink of this process, writing table {theirs[0]!r} and topic {theirs[1]!r}; "
+                f"this one writes table {mine[0]!r} and topic {mine[1]!r}. Two sinks on one "
+                "prefix share commit markers: the second would skip every batch the first "
+                "wrote. Give each sink its own transactional_id_prefix (or, if the other "
+                "sink is retired for good, start_over=True)",
+                kafka_error=None,
+            )
+
     def _prepare(self, mapping: RowMapping) -> Ledger:
         """The engine, the ledger and the tables (DDL once per schema, idempotent under
         concurrency: a second driver or a task creating them at once is fine)."""

@@ -450,6 +450,8 @@ def test_recover_settles_a_crashed_dual_write_once_confirmed(broker, capsys, jdb
     assert code == 3, err  # the crashed writer's transaction is recent: not without --yes
     assert "is still open" in err and "state row last written" in err
     assert "is not running" in err  # its owner is a process of this host, and gone
+    assert "a writer may still be using it" not in err  # (it said so, of the dead one)
+    assert "another writer (on another host, or one that took the id over since)" in err
     assert _state_rows(s.jdbc_url)[s.txn_id] == before  # (other tests share the table)
     assert broker.read_committed(s.topic, expected=0, timeout=1) == []
     code, out, err = _call([*argv, "--yes"], capsys)

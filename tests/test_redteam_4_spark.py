@@ -86,19 +86,10 @@ def _abort_leftover(broker: Broker, transactional_id: str) -> None:
 
 # ---------------------------------------------------------------------------------------
 # 5.5: a Kafka transaction whose task died before its database commit is not in the
-# state table, so the driver's scan never settles it.
+# state table (its row rolled back, still completed): the driver settles the ids above
+# the batch's partition count once a batch used them.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "5.5: a task SIGKILLed after prepare, before its database commit, leaves its Kafka "
-        "transaction open; the batch replayed with fewer partitions (allowed: nothing of "
-        "it committed) never runs that id again and the driver's scan of state rows does "
-        "not see it, so the transaction stays open across the next batches and "
-        "read_committed readers of the topic stall until transaction.timeout.ms"
-    ),
-)
 def test_a_transaction_left_open_before_the_database_commit_is_settled_before_the_next_batch(
     spark: Any, broker: Broker, postgres_jdbc: str
 ) -> None:
@@ -143,9 +134,9 @@ def test_a_transaction_left_open_before_the_database_commit_is_settled_before_th
 
 def _stream(
     spark: Any, folder: Path, rows: list[tuple[int, str]], checkpoint: Path, fn: Any
-) -> None:
+) -> str:
     """Run one streaming query over ``rows`` (one JSON file, a fresh input folder) to the
-    end (availableNow), through the foreachBatch function ``fn``."""
+    end (availableNow), through the foreachBatch function ``fn``; return the query's id."""
     folder.mkdir(parents=True)
     (folder / "part-0.json").write_text(
         "".join(json.dumps({"id": i, "value": v}) + "\n" for i, v in rows)
@@ -159,11 +150,12 @@ def _stream(
         .start()
     )
     query.awaitTermination()
+    return str(query.id)
 
 
-def _in_a_thread(sink: Any) -> Any:
+def _in_a_thread(sink: Any, thread_class: Any = threading.Thread) -> Any:
     """A foreachBatch function that writes through a worker thread, as functions writing
-    several sinks in parallel do (a plain ``threading.Thread``)."""
+    several sinks in parallel do (a plain ``threading.Thread`` unless told)."""
 
     def write(df: Any, batch_id: int) -> None:
         failure: list[BaseException] = []
@@ -174,7 +166,7 @@ def _in_a_thread(sink: Any) -> Any:
             except BaseException as exc:
                 failure.append(exc)
 
-        thread = threading.Thread(target=run)
+        thread = thread_class(target=run)
         thread.start()
         thread.join()
         if failure:
@@ -183,16 +175,6 @@ def _in_a_thread(sink: Any) -> Any:
     return write
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "5.3: sink.write() called from a thread of the foreachBatch function does not see "
-        "Spark's thread-local sql.streaming.queryId and takes the query for a batch job; "
-        "a restart from a fresh checkpoint (batch ids from 0 again) is then not refused, "
-        "and its batch 0 finds the old query's markers and is skipped: its rows are lost "
-        "from Kafka and the table, without an error"
-    ),
-)
 def test_a_query_writing_from_a_thread_restarted_from_a_fresh_checkpoint_loses_nothing(
     spark: Any, broker: Broker, tmp_path: Path, postgres_jdbc: str
 ) -> None:
@@ -202,16 +184,12 @@ def test_a_query_writing_from_a_thread_restarted_from_a_fresh_checkpoint_loses_n
     try:
         _stream(spark, tmp_path / "in1", _rows(0, 3), tmp_path / "cp1", _in_a_thread(sink))
         assert _table_values(postgres_jdbc, table) == ["v0", "v1", "v2"]
-        # The same query restarted from a fresh checkpoint, on new input: refused, or
-        # its rows are written. Never skipped.
-        refused = False
-        try:
+        # The write from the thread is the query's (found by its DataFrame's session),
+        # so the same query restarted from a fresh checkpoint, on new input, is refused
+        # before it writes, as on foreachBatch's own thread. Never skipped.
+        with pytest.raises(Exception, match="SinkOwnershipError"):  # wrapped by the query
             _stream(spark, tmp_path / "in2", _rows(3, 3), tmp_path / "cp2", _in_a_thread(sink))
-        except Exception as exc:  # the query's failure wraps the sink's
-            refused = "SinkOwnershipError" in str(exc) or isinstance(exc, SinkOwnershipError)
-            if not refused:
-                raise
-        expected = ["v0", "v1", "v2"] if refused else [f"v{i}" for i in range(6)]
+        expected = ["v0", "v1", "v2"]
         assert _table_values(postgres_jdbc, table) == expected
         assert _kafka_values(broker, topic, len(expected)) == expected
     finally:
@@ -219,19 +197,86 @@ def test_a_query_writing_from_a_thread_restarted_from_a_fresh_checkpoint_loses_n
         drop_tables(create_engine(jdbc_to_sqlalchemy(postgres_jdbc)), table)
 
 
+def _owner(jdbc: str, prefix: str) -> str | None:
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        with engine.connect() as conn:
+            return conn.execute(
+                text("SELECT query_id FROM kafka_txn_sink_commits_queries WHERE sink = :p"),
+                {"p": prefix},
+            ).scalar()
+    finally:
+        engine.dispose()
+
+
+def test_writes_from_other_threads_are_the_query_s_or_refused_never_a_batch_job(
+    spark: Any, broker: Broker, tmp_path: Path, postgres_jdbc: str
+) -> None:
+    """An InheritableThread sees the query; a plain thread writing a DataFrame that is
+    not the query's batch while the query runs is refused (ConfigurationError), unless
+    it names itself a batch job (query_id=""), or names the query."""
+    from pyspark import InheritableThread
+
+    topic = broker.create_topic(1)
+    tables = [unique_name(f"rt4_thr{i}") for i in range(3)]
+    tag = uuid.uuid4().hex[:8]
+    prefixes = [f"rt4-thr{i}-{tag}" for i in range(3)]
+    sinks = [
+        _sink(broker, postgres_jdbc, p, t, topic) for p, t in zip(prefixes, tables, strict=True)
+    ]
+    outcomes: dict[str, Any] = {}
+
+    def in_thread(key: str, fn: Any) -> None:
+        def run() -> None:
+            try:
+                fn()
+                outcomes[key] = "written"
+            except BaseException as exc:
+                outcomes[key] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+
+    def fn(df: Any, batch_id: int) -> None:
+        _in_a_thread(sinks[0], InheritableThread)(df, batch_id)
+        other = spark.createDataFrame(_rows(100, 2), SCHEMA)  # not the query's batch
+        in_thread("plain", lambda: sinks[1].write(other, batch_id))
+        in_thread("call", lambda: sinks[1](other, batch_id))
+        in_thread("batch job", lambda: sinks[1].write(other, batch_id, query_id=""))
+        query = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        in_thread("named", lambda: sinks[2].write(other, batch_id, query_id=query))
+        with pytest.raises(ConfigurationError, match="leave query_id out"):
+            sinks[2].write(df, batch_id, query_id="another")
+        with pytest.raises(ConfigurationError, match="at most 64 characters"):
+            sinks[2].write(df, batch_id, query_id="x" * 65)
+
+    try:
+        query_id = _stream(spark, tmp_path / "in", _rows(0, 3), tmp_path / "cp", fn)
+        assert _owner(postgres_jdbc, prefixes[0]) == query_id
+        assert _table_values(postgres_jdbc, tables[0]) == ["v0", "v1", "v2"]
+        for key in ("plain", "call"):
+            assert isinstance(outcomes[key], ConfigurationError), outcomes[key]
+            assert "InheritableThread" in str(outcomes[key])
+        assert outcomes["batch job"] == "written"
+        assert _owner(postgres_jdbc, prefixes[1]) == ""
+        assert outcomes["named"] == "written"
+        assert _owner(postgres_jdbc, prefixes[2]) == query_id
+        # No query running: write() from any thread is a batch job, as before.
+        in_thread("after", lambda: sinks[1].write(spark.createDataFrame(_rows(102, 1), SCHEMA), 1))
+        assert outcomes["after"] == "written"
+        assert _table_values(postgres_jdbc, tables[1]) == ["v100", "v101", "v102"]
+    finally:
+        for sink in sinks:
+            sink.close()
+        drop_tables(create_engine(jdbc_to_sqlalchemy(postgres_jdbc)), *tables)
+
+
 # ---------------------------------------------------------------------------------------
 # 5.3 / "The check covers sinks that share a commits table": two sinks on one prefix in
-# one query.
+# one query (or batch jobs) of one process are refused.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "5.3: two sinks on one prefix sharing the commits table, written by one query "
-        "(two tables and topics from one foreachBatch), are not refused: the second "
-        "sink finds the first one's commit markers and writes nothing, without an error"
-    ),
-)
 def test_two_sinks_on_one_prefix_in_one_query_are_refused_or_both_written(
     spark: Any, broker: Broker, tmp_path: Path, postgres_jdbc: str
 ) -> None:
@@ -245,22 +290,30 @@ def test_two_sinks_on_one_prefix_in_one_query_are_refused_or_both_written(
         sink_a.write(df, batch_id)
         sink_b.write(df, batch_id)
 
+    more: list[Any] = []
+
     try:
-        refused = False
-        try:
+        # The second sink is refused before it writes (it would find the first one's
+        # markers and write nothing); the first one's batch is written.
+        with pytest.raises(Exception, match=r"SinkOwnershipError(?s:.*)is used by another sink"):
             _stream(spark, tmp_path / "in", _rows(0, 4), tmp_path / "cp", both)
-        except Exception as exc:
-            refused = "SinkOwnershipError" in str(exc) or "ConfigurationError" in str(exc)
-            if not refused:
-                raise
         expected = [f"v{i}" for i in range(4)]
-        if not refused:
-            assert _table_values(postgres_jdbc, table_b) == expected
-            assert _kafka_values(broker, topic_b, 4) == expected
-        assert refused or _table_values(postgres_jdbc, table_a) == expected
+        assert _table_values(postgres_jdbc, table_a) == expected
+        assert _kafka_values(broker, topic_a, 4) == expected
+        # Batch jobs likewise: a sink for table B on the prefix batch jobs of table A
+        # used is refused; with start_over=True it takes the prefix over, and writes.
+        jobs = f"{prefix}-jobs"
+        more.append(_sink(broker, postgres_jdbc, jobs, table_a, topic_a))
+        more.append(_sink(broker, postgres_jdbc, jobs, table_b, topic_b))
+        more.append(_sink(broker, postgres_jdbc, jobs, table_b, topic_b, start_over=True))
+        more[0].write(spark.createDataFrame(_rows(4, 1), SCHEMA), batch_id=0)
+        with pytest.raises(SinkOwnershipError, match="is used by another sink"):
+            more[1].write(spark.createDataFrame(_rows(5, 1), SCHEMA), batch_id=1)
+        more[2].write(spark.createDataFrame(_rows(5, 1), SCHEMA), batch_id=1)
+        assert _table_values(postgres_jdbc, table_b) == ["v5"]
     finally:
-        sink_a.close()
-        sink_b.close()
+        for sink in (sink_a, sink_b, *more):
+            sink.close()
         drop_tables(create_engine(jdbc_to_sqlalchemy(postgres_jdbc)), table_a, table_b)
 
 

@@ -18,10 +18,11 @@ from pyspark.sql import DataFrame, SparkSession
 from sqlalchemy import create_engine, text
 
 from kafka_txn import ReplayMismatchError
-from kafka_txn._sink_ledger import commits_table
+from kafka_txn._sink_ledger import Ledger, commits_table
 from kafka_txn._sink_tasks import PartitionWriter
 from kafka_txn._spark_mapping import Mapping
 from kafka_txn.dualwrite import DualWriter
+from kafka_txn.errors import ProducerFencedError
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.spark import KafkaJdbcSink
 from tests import spark_hooks
@@ -276,12 +277,19 @@ def test_a_schema_qualified_table_with_spark_style_options(spark, broker, postgr
     assert _sides(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
 
 
-def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(spark, broker, jdbc_url, tmp_path):
+@pytest.mark.parametrize("driver_settles", [True, False], ids=["fenced", "guard"])
+def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(
+    spark, broker, jdbc_url, tmp_path, monkeypatch, driver_settles
+):
     """Batch 7 runs with 4 partitions and commits nothing, but an attempt of its partition
     3 is still alive (a lost executor, a task being killed): it has started its writer
     and found no marker. The batch is replayed with 2 partitions and writes every row.
-    The leftover attempt then refuses to write (the batch was recorded again with another
-    shape), so no row is written twice. Found by a red-team review."""
+    The leftover attempt then refuses to write, so no row is written twice: the driver
+    settled the ids above the replay's count before it (``Ledger.beyond``), which fenced
+    it; and, that settling left out, the batch was recorded again with another shape,
+    which its guard reads. Found by a red-team review."""
+    if not driver_settles:
+        monkeypatch.setattr(Ledger, "beyond", lambda self, partitions: [])
     topic = broker.create_topic()
     table = f"guard_{uuid.uuid4().hex[:10]}"
     folder = tmp_path / "faults"
@@ -310,8 +318,13 @@ def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(spark, broker, jd
     marker = {"sink": sink.prefix, "query_id": "", "batch_id": 7, "partition_id": 3}
     assert leftover._look(zombie, commits, marker) == (False, zombie.owner)
     sink.write(frame(2), batch_id=7)  # the replay, with another shape
+    refusal = (
+        pytest.raises(ReplayMismatchError, match="leftover of the earlier run")
+        if not driver_settles
+        else pytest.raises(ProducerFencedError, match="took it over")
+    )
     try:
-        with pytest.raises(ReplayMismatchError, match="leftover of the earlier run"):
+        with refusal:
             leftover._transaction(zombie, commits, marker, iter(leftover_rows))
     finally:
         zombie.close()

@@ -225,3 +225,31 @@ def test_commits_tables_that_ignore_case_are_refused_naming_the_fix(mariadb_jdbc
     finally:
         _drop(engine, commits, f"{commits}_queries", f"{commits}_batches")
         engine.dispose()
+
+
+def test_the_ids_above_a_smaller_batch_are_named_once_per_shrink(jdbc_url: str) -> None:
+    """``Ledger.beyond``: after a batch with 4 partitions, a batch with 2 names ids 2
+    and 3 (a task killed before its database commit may have left them open), once; a
+    new driver (a fresh Ledger) names them again from the batches table (the highest
+    count recorded for the prefix, whatever the query); other prefixes' counts do not
+    count."""
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
+    commits = f"commits_{uuid.uuid4().hex[:8]}"
+    upper, lower = _ledgers(engine, commits)
+    p = lower.prefix
+    try:
+        upper.create_tables()
+        upper.record_batch(BATCH_JOB, 0, 9, None)  # another prefix
+        assert lower.beyond(2) == []
+        lower.record_batch("q1", 0, 4, None)
+        assert lower.beyond(4) == []
+        assert lower.beyond(2) == [f"{p}-2", f"{p}-3"]
+        restarted = Ledger(engine, p, commits, lower.state)
+        assert restarted.beyond(1) == [f"{p}-1", f"{p}-2", f"{p}-3"]
+        lower.settled_beyond(2)
+        assert lower.beyond(2) == []
+        lower.record_batch("q1", 1, 3, None)
+        assert lower.beyond(2) == [f"{p}-2"]
+    finally:
+        _drop(engine, commits, f"{commits}_queries", f"{commits}_batches")
+        engine.dispose()

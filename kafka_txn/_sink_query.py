@@ -74,12 +74,15 @@ def resolve_query_id(df: Any, query_id: str | None, *, foreach_batch: bool) -> s
     found = _active_queries(df)
     if found is not None and found[1] is not None:
         return found[1]  # the query whose batch this DataFrame is, seen from another thread
-    if not foreach_batch and (found is None or not found[0]):
-        if found is None:
-            log.warning(
-                "write() outside a streaming query's thread, active queries unknown: "
-                "written as a batch job"
-            )
+    if found is not None and not found[0]:
+        # No streaming query runs, so no foreachBatch can be calling: a batch job, however
+        # the sink was called.
+        return BATCH_JOB
+    if found is None and not foreach_batch:
+        log.warning(
+            "write() outside a streaming query's thread, active queries unknown: "
+            "written as a batch job"
+        )
         return BATCH_JOB
     where = (
         "the sink was called as foreachBatch's function" if foreach_batch else "write() was called"

@@ -6,8 +6,8 @@ error arose in: ``fatal()`` -> FATAL, ``txn_requires_abort()`` -> ABORTABLE,
 ``retriable()`` -> RETRIABLE. The table decides the rest, and it escalates the codes that
 KIP-691 rules fatal even where librdkafka only asks for an abort: TopicAuthorization,
 GroupAuthorization, FencedInstanceId and the codes Java turns into CommitFailedException
-(UnknownMemberId, IllegalGeneration, and KIP-848's FencedMemberEpoch). A librdkafka
-``fatal()`` is never downgraded.
+(UnknownMemberId, IllegalGeneration, and KIP-848's StaleMemberEpoch and FencedMemberEpoch).
+A librdkafka ``fatal()`` is never downgraded.
 
 The FailureType column says what a record that failed with the code is told. docs/errors.md
 is generated from this table (``python -m kafka_txn._docs``); a test fails when the two
@@ -241,10 +241,20 @@ _ROWS: Final[tuple[tuple[str, ErrorCategory, FailureType, str], ...]] = (
     ("PRINCIPAL_DESERIALIZATION_FAILURE", F, DEL, "request principal unreadable"),
     ("UNKNOWN_TOPIC_ID", R, DEL, "topic id not yet known"),
     ("INCONSISTENT_TOPIC_ID", R, DEL, "topic id changed"),
-    ("FENCED_MEMBER_EPOCH", F, TXN, "KIP-848 form of CommitFailed: fatal as in KIP-691"),
+    (
+        "FENCED_MEMBER_EPOCH",
+        F,
+        TXN,
+        "KIP-848 heartbeat: member fenced (its offsets then get UNKNOWN_MEMBER_ID); fatal",
+    ),
     ("UNRELEASED_INSTANCE_ID", F, TXN, "static member id still in use"),
     ("UNSUPPORTED_ASSIGNOR", F, TXN, "consumer only"),
-    ("STALE_MEMBER_EPOCH", R, TXN, "member epoch stale; retried"),
+    (
+        "STALE_MEMBER_EPOCH",
+        F,
+        TXN,
+        "KIP-848 CommitFailed: TxnOffsetCommit v6+ (older: ILLEGAL_GENERATION); KIP-691 fatal",
+    ),
     ("MISMATCHED_ENDPOINT_TYPE", F, DEL, "wrong endpoint type"),
     ("UNSUPPORTED_ENDPOINT_TYPE", F, DEL, "unsupported endpoint type"),
     ("UNKNOWN_CONTROLLER_ID", F, DEL, "admin only"),
@@ -276,6 +286,7 @@ _KIP691_FATAL: Final = frozenset(
         "UNKNOWN_MEMBER_ID",
         "ILLEGAL_GENERATION",
         "FENCED_MEMBER_EPOCH",
+        "STALE_MEMBER_EPOCH",
     }
 )
 
@@ -327,6 +338,19 @@ _ADVICE: Final = {
     A: "abort the transaction, rewind the inputs, and retry in a new transaction",
     R: "transient; retry the call",
 }
+# Codes whose fix is a setting, not a new producer: what to change, said in place of the
+# category's advice. librdkafka's text for INVALID_TRANSACTION_TIMEOUT names the broker
+# setting max.transaction.timeout.ms, which does not exist (Apache Kafka's
+# TransactionCoordinator.handleInitProducerId checks transaction.max.timeout.ms).
+_CODE_ADVICE: Final = {
+    KafkaError.INVALID_TRANSACTION_TIMEOUT: (
+        "this producer's transaction.timeout.ms is larger than the broker's "
+        "transaction.max.timeout.ms (15 minutes by default): set transaction.timeout.ms to "
+        "at most the broker's transaction.max.timeout.ms, or raise transaction.max.timeout.ms "
+        "on every broker; the producer is unusable: close it and create one with the "
+        "corrected setting"
+    ),
+}
 
 
 def exception_for(err: KafkaError, operation: str) -> KafkaTxnError:
@@ -334,7 +358,8 @@ def exception_for(err: KafkaError, operation: str) -> KafkaTxnError:
     confluent-kafka errors become kafka-txn errors. The caller raises it ``from`` the
     confluent exception, so the chain is exactly one deep."""
     category, _ = classify(err)
-    message = f"{operation} failed: {err.str()} ({err.name()}); {_ADVICE[category]}"
+    advice = _CODE_ADVICE.get(err.code(), _ADVICE[category])
+    message = f"{operation} failed: {err.str()} ({err.name()}); {advice}"
     if category is F:
         cls: type[KafkaTxnError] = (
             ProducerFencedError if err.code() in _FENCED_CODES else FatalError

@@ -9,12 +9,18 @@ The facts the table rests on:
 - Once prepared, this library never aborts a transaction the database may have
   committed: a failed commit raises ``TransactionInDoubtError`` and leaves it for
   recovery. So if the stored transaction was aborted, the coordinator did it: its
-  timeout (``transaction.timeout.ms``) or another producer's ``init_transactions()``.
-  Both first bump the epoch by one and keep the aborted transaction's start time
+  timeout (``transaction.timeout.ms``) or another producer's ``init_transactions()``
   (apache/kafka ``TransactionCoordinator.abortTimedOutTransactions`` and
-  ``handleInitProducerId`` -> ``TransactionMetadata.prepareFenceProducerEpoch``), and a
-  later ``InitProducerId`` bumps it again and resets the start time to -1
-  (``prepareIncrementProducerEpoch``).
+  ``handleInitProducerId``, both through ``TransactionMetadata.prepareFenceProducerEpoch``
+  and then ``endTransaction(ABORT)`` with the cluster's transaction version). The abort
+  keeps the aborted transaction's start time and leaves the epoch at e + 1 (a
+  transaction.version 0/1 cluster, and Apache Kafka 4.1 and later at version 2) or at
+  e + 2 (Apache Kafka 4.0 at version 2, whose abort bumps again after the fence). While
+  the abort is being written, DescribeTransactions may show the transaction still
+  ``Ongoing`` under the fenced epoch e + 1 (``endTransactionWithTV1``, and 4.0's
+  version-2 path, set the bumped epoch before appending PrepareAbort); EndTxn with the
+  stored epoch is refused from then on. A later ``InitProducerId`` bumps the epoch again
+  and resets the start time to -1 (``prepareIncrementProducerEpoch``).
 - librdkafka keeps one producer id and epoch for every transaction of a session, so
   transactions are told apart by the coordinator's start time (``stored.txn_start_ms``),
   which is set when a transaction's first partition is added
@@ -39,8 +45,8 @@ row   producer id   epoch         start       state               verdict
 8     p             e             > s         any                 ALREADY_COMMITTED
 9     p             > e           s           Prepare/Complete-   ALREADY_COMMITTED
                                               Commit
-10    p             e + 1         s           Prepare/Complete-   DIVERGED
-                                              Abort
+10    p             > e           s           Ongoing, Prepare/   DIVERGED
+                                              Complete-Abort
 11    p             e + 1         > s         any                 ALREADY_COMMITTED
 12    anything else (epoch >= e + 2, Empty with start -1, ...)    UNKNOWABLE
 ====  ============  ============  ==========  ==================  ===================
@@ -223,10 +229,11 @@ RULES: tuple[Rule, ...] = (
     Rule(9, Verdict.ALREADY_COMMITTED, epochs=frozenset({EpochIs.NEXT, EpochIs.LATER}),
          starts=frozenset({StartIs.SAME}), states=COMMIT_STATES,
          reason="the coordinator shows it committed, under a later epoch"),
-    Rule(10, Verdict.DIVERGED, epochs=frozenset({EpochIs.NEXT}),
-         starts=frozenset({StartIs.SAME}), states=ABORT_STATES, reason=(
-        "the coordinator bumped the epoch and aborted it: it outlived "
-        "transaction.timeout.ms, or another producer's init_transactions() fenced it"
+    Rule(10, Verdict.DIVERGED, epochs=frozenset({EpochIs.NEXT, EpochIs.LATER}),
+         starts=frozenset({StartIs.SAME}), states=ABORT_STATES | {"Ongoing"}, reason=(
+        "the coordinator bumped the epoch and aborted it (or is writing that abort, "
+        "showing it Ongoing under the fenced epoch): it outlived transaction.timeout.ms, "
+        "or another producer's init_transactions() fenced it"
     )),
     Rule(11, Verdict.ALREADY_COMMITTED, epochs=frozenset({EpochIs.NEXT}),
          starts=frozenset({StartIs.LATER}), reason=(

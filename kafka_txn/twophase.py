@@ -158,8 +158,11 @@ def coordinator_failure(
     if isinstance(exc, CoordinatorError):
         err = exc.kafka_error
         if exc.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+            # Name the refused request: EndTxn checks WRITE on the id, FindCoordinator
+            # and DescribeTransactions DESCRIBE (which Apache Kafka's WRITE implies).
             return FatalError(
-                f"{operation}: not authorized on the transactional id: grant WRITE and "
+                f"{operation}: not authorized on the transactional id ({exc.operation} "
+                "refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED): grant WRITE and "
                 "DESCRIBE on it to this principal",
                 kafka_error=err,
             )

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from kafka_txn.testing import MockCluster
-from tests.rig import Broker, start_broker
+from tests.apache_kafka import KAFKA_VERSION
+from tests.rig import Broker, chosen, start_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,12 +30,18 @@ _OUTCOME: list[str] = []
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    chosen = (
-        "KAFKA_BOOTSTRAP_SERVERS"
-        if os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        else "testcontainers' Kafka if Docker answers, else the local noida-db"
-    )
-    return f"kafka broker: not started yet ({chosen}, when the first test needs it)"
+    choice = chosen()
+    what = {
+        "external": f"KAFKA_BOOTSTRAP_SERVERS={os.environ.get('KAFKA_BOOTSTRAP_SERVERS')}",
+        "testcontainers": "testcontainers' Kafka (a Docker engine answers)",
+        "apache-kafka": (
+            f"Apache Kafka {os.environ.get('KAFKA_TXN_KAFKA_VERSION') or KAFKA_VERSION} from "
+            "Maven, transaction.version "
+            f"{os.environ.get('KAFKA_TXN_TRANSACTION_VERSION') or 'of the release (2)'}"
+        ),
+        "noida": "the local noida-db",
+    }[choice]
+    return f"kafka broker: not started yet ({what}, when the first test needs it)"
 
 
 def _announce(config: pytest.Config, line: str) -> None:

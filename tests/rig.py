@@ -1,9 +1,19 @@
-"""The test rig's broker: the one named by KAFKA_BOOTSTRAP_SERVERS, else testcontainers'
-Kafka when a Docker engine answers, else the local noida-db from PyPI (pinned in
-pyproject.toml), started on a free loopback port and stopped at the end.
+"""The test rig's broker, chosen in this order:
+
+1. the cluster named by ``KAFKA_BOOTSTRAP_SERVERS`` (a user's own cluster);
+2. testcontainers' Kafka when a Docker engine answers;
+3. Apache Kafka (``tests/apache_kafka.py``, from its Maven artifacts) when ``java`` and
+   ``mvn`` are there: version ``KAFKA_TXN_KAFKA_VERSION`` (default 4.4.0), formatted with
+   ``transaction.version`` ``KAFKA_TXN_TRANSACTION_VERSION`` (default: the release's, 2);
+4. the local noida-db from PyPI (pinned in pyproject.toml), the no-Java fallback.
+
+``KAFKA_TXN_TEST_BROKER=apache-kafka|noida|testcontainers`` forces one of the last three
+(CI runs the broker-facing tests on each of Apache Kafka TV2, TV1 and noida-db). A
+started broker listens on a free loopback port and is stopped, by its PID, at the end.
 
 Its description says what the broker reports about itself (cluster id, broker count, the
-ApiVersions ranges of the APIs kafka-txn relies on), not what we assume it is.
+ApiVersions ranges of the APIs kafka-txn relies on, the finalized ``transaction.version``
+feature), not what we assume it is.
 
 If no broker can be had, this raises: CI fails rather than skipping broker tests.
 """
@@ -22,6 +32,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_txn._local_broker import LocalBroker
+from tests.apache_kafka import ApacheKafka, java_and_maven
 
 START_TIMEOUT_S = 60.0
 
@@ -33,6 +44,26 @@ class Broker:
     bootstrap_servers: str
     description: str
     _stop: Any = field(default=None, repr=False)
+    #: The Apache Kafka process when the rig started one (tests that need Apache Kafka's
+    #: own behaviour start a broker of their own instead: this one is shared).
+    apache_kafka: ApacheKafka | None = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> str:
+        """``apache-kafka``, ``noida``, ``testcontainers`` or ``external``."""
+        for prefix, kind in (
+            ("Apache Kafka", "apache-kafka"),
+            ("local noida-db", "noida"),
+            ("testcontainers", "testcontainers"),
+        ):
+            if self.description.startswith(prefix):
+                return kind
+        return "external"
+
+    @property
+    def transaction_version(self) -> int:
+        """The cluster's finalized ``transaction.version`` (see ``transaction_version``)."""
+        return transaction_version(self.bootstrap_servers)
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -217,8 +248,27 @@ def describe_cluster(bootstrap: str) -> str:
     count = len(metadata.brokers)
     return (
         f"cluster id {metadata.cluster_id}, {count} broker{'' if count == 1 else 's'}; "
+        f"transaction.version {transaction_version(bootstrap)}; "
         f"ApiVersions {_api_versions(bootstrap)}"
     )
+
+
+def transaction_version(bootstrap: str) -> int:
+    """The cluster's finalized ``transaction.version`` feature (KIP-584 features in the
+    ApiVersions v3+ answer, read with kafka-python): 2 means KIP-890's second part is on,
+    every transaction bumps the producer epoch at EndTxn (TV2), 0 or 1 means it is not.
+    A broker that finalizes no such feature (before Apache Kafka 3.8, noida-db) is 0."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        features = admin.describe_features()
+    except Exception:  # an ApiVersions v3 the broker does not give: no features
+        return 0
+    finally:
+        admin.close()
+    finalized = features.get("transaction.version", {}).get("finalized")
+    return int(finalized[1]) if finalized else 0
 
 
 def _wait_ready(bootstrap: str) -> None:
@@ -267,15 +317,46 @@ def start_testcontainers() -> Broker:
     return Broker(bootstrap, f"testcontainers Kafka ({container.image})", container.stop)
 
 
+def start_apache_kafka() -> Broker:
+    """Apache Kafka from Maven (tests/apache_kafka.py), at the version and transaction
+    version the environment names."""
+    tv = os.environ.get("KAFKA_TXN_TRANSACTION_VERSION")
+    kafka = ApacheKafka(transaction_version=int(tv) if tv else None).start()
+    return Broker(kafka.bootstrap_servers, kafka.description, kafka.stop, kafka)
+
+
+FORCED = ("apache-kafka", "noida", "testcontainers")
+
+
+def chosen() -> str:
+    """Which broker the session will have, in the rig's order, without starting one:
+    ``external``, ``testcontainers``, ``apache-kafka`` or ``noida``."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return "external"
+    forced = os.environ.get("KAFKA_TXN_TEST_BROKER")
+    if forced:
+        if forced not in FORCED:
+            raise RuntimeError(
+                f"KAFKA_TXN_TEST_BROKER={forced!r}: use one of {', '.join(FORCED)}, or unset it"
+            )
+        return forced
+    if _docker_answers():
+        return "testcontainers"
+    return "apache-kafka" if java_and_maven() else "noida"
+
+
 def start_broker() -> Broker:
     """The broker the whole test session uses, chosen in the documented order, described
     by where it came from and what it reports about itself."""
-    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if external:
+    choice = chosen()
+    if choice == "external":
+        external = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
         _wait_ready(external)
         broker = Broker(external, "KAFKA_BOOTSTRAP_SERVERS")
-    elif _docker_answers():
+    elif choice == "testcontainers":
         broker = start_testcontainers()
+    elif choice == "apache-kafka":
+        broker = start_apache_kafka()
     else:
         broker = start_noida()
     try:

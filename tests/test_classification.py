@@ -133,11 +133,14 @@ EXPECTED: dict[str, tuple[ErrorCategory, FailureType]] = {
     "_PURGE_QUEUE": (A, TXN),
     "_PURGE_INFLIGHT": (A, TXN),
     # KIP-691 makes Java's CommitFailedException cases fatal: the group moved on
-    # (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, KIP-848's FENCED_MEMBER_EPOCH) or a static
-    # member with this instance id took over (FENCED_INSTANCE_ID).
+    # (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, KIP-848's FENCED_MEMBER_EPOCH, and
+    # STALE_MEMBER_EPOCH, which the group answers TxnOffsetCommit v6+ where older versions
+    # get ILLEGAL_GENERATION: OffsetMetadataManager, Apache Kafka 4.4) or a static member
+    # with this instance id took over (FENCED_INSTANCE_ID).
     "UNKNOWN_MEMBER_ID": (F, TXN),
     "ILLEGAL_GENERATION": (F, TXN),
     "FENCED_MEMBER_EPOCH": (F, TXN),
+    "STALE_MEMBER_EPOCH": (F, TXN),
     "FENCED_INSTANCE_ID": (F, TXN),
     # Kafka's CORRUPT_MESSAGE: since KIP-467 the broker answers it only for a CRC
     # mismatch (the record was damaged in transit, not refused for what it is); Kafka's
@@ -153,6 +156,7 @@ KIP691_FATAL_OVER_ABORT = frozenset(
         "UNKNOWN_MEMBER_ID",
         "ILLEGAL_GENERATION",
         "FENCED_MEMBER_EPOCH",
+        "STALE_MEMBER_EPOCH",
         "FENCED_INSTANCE_ID",
     }
 )
@@ -190,6 +194,7 @@ LIBRDKAFKA_FLAGGED = [
     ("TOPIC_AUTHORIZATION_FAILED", "txn_requires_abort", F),  # AddOffsetsToTxn: PERMANENT
     ("GROUP_AUTHORIZATION_FAILED", "txn_requires_abort", F),  # TxnOffsetCommit: PERMANENT
     ("UNKNOWN_MEMBER_ID", "txn_requires_abort", F),  # TxnOffsetCommit: PERMANENT
+    ("STALE_MEMBER_EPOCH", "txn_requires_abort", F),  # TxnOffsetCommit: default, PERMANENT
     ("CONCURRENT_TRANSACTIONS", "retriable", R),  # EndTxn: RETRY, the call timed out
     ("COORDINATOR_NOT_AVAILABLE", "retriable", R),
     ("_TIMED_OUT", "retriable", R),  # "retry call to resume"
@@ -255,6 +260,7 @@ def test_kip691_fatal_codes():
         "FENCED_INSTANCE_ID",
         "UNKNOWN_MEMBER_ID",
         "ILLEGAL_GENERATION",
+        "STALE_MEMBER_EPOCH",
     ):
         err = KafkaError(getattr(KafkaError, name), txn_requires_abort=True)
         assert classify(err)[0] is ErrorCategory.FATAL, name

@@ -261,6 +261,8 @@ class Completion:
                     kafka_error=KafkaError(KafkaError._TIMED_OUT),
                     operation="abort_transaction",
                 )
+            if state is not State.ABORTING:
+                self._await_registration(time.monotonic() + budget / 2)
             self._io.retrying("abort_transaction", abort, timeout, defer_callback_errors=True)
             if self._life.state is State.CLOSED:
                 return  # aborted; close() ran meanwhile and let go of the handle
@@ -272,6 +274,33 @@ class Completion:
             if self._twophase is not None:
                 self._twophase.prepared = None
                 self._twophase.identity.invalidate()  # abort may have bumped the epoch
+
+    def _await_registration(self, deadline: float) -> None:
+        """Before librdkafka's abort of a transaction that has not failed: let the records
+        still queued be delivered (bounded by ``deadline``), so that the partitions they
+        go to are registered with the coordinator first.
+
+        librdkafka sends EndTxn(abort) as soon as it has sent one AddPartitionsToTxn
+        (``rk_eos.txn_req_cnt``), without waiting for that request to succeed. Right
+        after a commit, Apache Kafka answers it CONCURRENT_TRANSACTIONS while the commit
+        markers are still being written (``TransactionCoordinator.handleAddPartitions``:
+        the previous transaction is PrepareCommit), and librdkafka retries it later; an
+        abort sent meanwhile finds the previous transaction PrepareCommit or
+        CompleteCommit, which ``TransactionCoordinator.endTransaction`` refuses an abort
+        with INVALID_TXN_STATE, and librdkafka makes that fatal (librdkafka issue 4849).
+        Java's producer never does this: its EndTxn waits behind the pending
+        AddPartitionsToTxn. A delivered record proves its partition was added. The wait
+        stops early once the transaction failed (librdkafka then sends nothing more, so
+        waiting would only run out the clock) or nothing is queued."""
+        producer = self._io.producer
+        while (
+            len(producer) > 0
+            and self._life.abortable is None
+            and self._life.fatal is None
+            and time.monotonic() < deadline
+        ):
+            wait = min(0.05, max(0.0, deadline - time.monotonic()))
+            self._io.call("flush", producer.flush, wait, defer_callback_errors=True)
 
     def abort_after_fatal(self, timeout: float | None) -> bool:
         """close() of a producer that a fatal error hit while its transaction was open

@@ -233,3 +233,34 @@ def test_record_fields_reach_the_broker_and_futures_resolve(broker, topic, produ
         (b"k2", b"text"),
         (b"key", b"value"),
     ]
+
+
+def test_an_abort_right_after_a_commit_whose_markers_are_still_written_aborts(
+    broker, producer_config
+):
+    """An abort while the previous commit's markers are still being written aborts and
+    leaves the producer usable. Apache Kafka answers the new transaction's
+    AddPartitionsToTxn CONCURRENT_TRANSACTIONS until the markers are written
+    (``TransactionCoordinator.handleAddPartitions``, previous transaction
+    PrepareCommit) and refuses an EndTxn(abort) meanwhile with INVALID_TXN_STATE
+    (``TransactionCoordinator.endTransaction``: PrepareCommit or CompleteCommit asked
+    to abort), which librdkafka makes fatal if it sends the abort before the retried
+    registration succeeded. A commit spanning many partitions keeps its markers in
+    flight long enough for the race to be hit on every try without the library's wait
+    for the registration."""
+    wide = broker.create_topic(partitions=200, prefix="wide")
+    with TransactionalProducer({**producer_config, "linger.ms": 0}) as producer:
+        producer.init_transactions()
+        for i in range(5):
+            with producer.transaction():
+                for partition in range(200):
+                    producer.produce(wide, b"committed-%d" % i, partition=partition)
+            producer.begin_transaction()
+            producer.produce(wide, b"aborted-%d" % i, partition=0)
+            time.sleep(0.01)  # the registration is answered, its retry not yet sent
+            producer.abort_transaction()
+        with producer.transaction():
+            producer.produce(wide, b"last", partition=0)
+    values = [v for _, v in broker.read_committed(wide, expected=5 * 200 + 1)]
+    assert sorted(set(values)) == sorted({b"committed-%d" % i for i in range(5)} | {b"last"})
+    assert len(values) == 5 * 200 + 1

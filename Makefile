@@ -41,11 +41,16 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict kafka_txn
 
-bench: setup
+# Every benchmark, each against its raw confluent-kafka baseline in the same run, on the
+# test rig's broker (tests/rig.py's order: Apache Kafka from Maven when Java and Maven are
+# here), which each one names; KAFKA_TXN_TEST_BROKER=noida make bench runs them on
+# noida-db (docs/performance.md).
+bench: setup databases
 	$(PY) bench/producer_bench.py
 	$(PY) bench/two_phase_bench.py
 	$(PY) bench/dual_write_bench.py
 	$(PY) bench/spark_sink_bench.py
+	$(PY) bench/recovery_bench.py
 
 docs: setup
 	$(PY) -m kafka_txn._docs

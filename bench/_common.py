@@ -1,11 +1,13 @@
-"""What every benchmark under bench/ shares (issue 13): the ``--delay-ms`` option, the
+"""What every benchmark under bench/ shares: the ``--delay-ms`` option, the
 delay proxies behind it, and the line that says where and with what a run was made.
 
     parser = argparse.ArgumentParser()
     add_delay_argument(parser)                  # --delay-ms, default 0
+    add_broker_argument(parser)                 # --broker (bench/_broker.py)
     args = parser.parse_args()
-    broker = start_broker()
-    with behind_delay(args.delay_ms, broker.bootstrap_servers, POSTGRES_JDBC) as net:
+    with running_broker(args.broker) as broker, behind_delay(
+        args.delay_ms, broker.bootstrap_servers, POSTGRES_JDBC
+    ) as net:
         print(environment(net))
         Producer({"bootstrap.servers": net.bootstrap_servers, ...})   # raw baseline
         DualWriter({"bootstrap.servers": net.bootstrap_servers, ...}, net.jdbc)  # ours

@@ -1,4 +1,4 @@
-"""A tiny asyncio TCP proxy that adds a fixed one-way delay to every byte stream (issue 13),
+"""A tiny asyncio TCP proxy that adds a fixed one-way delay to every byte stream,
 for putting a database (PostgreSQL, MariaDB) at a realistic distance from a benchmark.
 
 Each direction of each connection is a FIFO of timestamped chunks: a chunk read at time

@@ -1,12 +1,14 @@
 """Dual write throughput on PostgreSQL: transactions through DualWriter against a naive,
 non-atomic dual write (a database transaction and a Kafka transaction committed one after
-the other, no prepare and no state row), in the same run, same broker and database, both
-behind the same delay proxy (``--delay-ms``). Runs are interleaved; medians and spreads.
+the other, no prepare and no state row), in the same run, same broker (the test rig's
+choice, or the one ``--broker`` names: bench/_broker.py) and database, both behind the
+same delay proxy (``--delay-ms``). Runs are interleaved; medians and spreads.
 
 Also prints, per DualWriter transaction, the database statements (COMMIT included) and
 the median time of each step of the recipe (from ``on_step``).
 
-    python bench/dual_write_bench.py [--delay-ms 0] [--transactions 200] [--repeat 5]
+    python bench/dual_write_bench.py [--broker apache-kafka|noida] [--delay-ms 0]
+        [--transactions 200] [--repeat 5]
     python bench/dual_write_bench.py --rows 1 10 100 1000 --writers 1 4 16   # scale
 
 With several ``--rows`` or ``--writers`` values it measures every combination (each with
@@ -41,11 +43,12 @@ from sqlalchemy import (
     text,
 )
 
+from bench._broker import add_broker_argument, running_broker
 from bench._common import Network, add_delay_argument, behind_delay, environment, spread
 from kafka_txn.dualwrite import STEPS, DualWriter
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from tests.databases import POSTGRES_JDBC, ensure_running
-from tests.rig import Broker, start_broker
+from tests.rig import Broker
 
 VALUE = "x" * 100
 
@@ -259,6 +262,7 @@ def _database_version(jdbc: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_delay_argument(parser)
+    add_broker_argument(parser)
     parser.add_argument("--transactions", type=int, default=200, help="per run (10 rows)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rows", type=int, nargs="+", default=[10])
@@ -271,10 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     PRODUCE_FIRST[0] = args.produce_first
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
-    broker = start_broker()
-    try:
+    with running_broker(args.broker) as broker:
         with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
-            print(f"broker: {broker.description}")
             print(environment(net, _database_version(jdbc)))
             print(
                 "body: records sent "
@@ -290,8 +292,6 @@ def main(argv: list[str] | None = None) -> int:
             _report(r, args)
         if len(results) > 1:
             _table_report(results, args)
-    finally:
-        broker.stop()
     return 0
 
 

@@ -1,7 +1,7 @@
 """Producer throughput, CPU and memory: kafka-txn against the raw confluent-kafka
-transactional producer, measured in the same run on the same broker (the test rig's:
-KAFKA_BOOTSTRAP_SERVERS, else testcontainers, else a local noida-db), both behind the
-same delay proxy (``--delay-ms``, default 0: direct).
+transactional producer, measured in the same run on the same broker (the test rig's
+choice, or the one ``--broker`` names: bench/_broker.py), both behind the same delay
+proxy (``--delay-ms``, default 0: direct).
 
 Scenarios (100-byte values, 3-partition topics, a fresh topic and producer per run):
 200k records in 1000-record transactions through raw produce(), produce() and send();
@@ -20,8 +20,8 @@ that delivered records leave no Python object behind.
 ``--mock`` runs the CPU scenarios against librdkafka's mock cluster instead (no broker,
 no network: the producing thread's own cost, with no broker sharing the machine's cores).
 
-    python bench/producer_bench.py [--delay-ms 0] [--repeat 5] [--scale 1.0] [--mock]
-        [--only 1000/txn] [--no-memory]
+    python bench/producer_bench.py [--broker apache-kafka|noida] [--delay-ms 0]
+        [--repeat 5] [--scale 1.0] [--mock] [--only 1000/txn] [--no-memory]
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
 
+from bench._broker import add_broker_argument, running_broker
 from bench._common import add_delay_argument, behind_delay, environment
 from kafka_txn import TransactionalProducer
 from kafka_txn.testing import MockCluster
-from tests.rig import start_broker
 
 VALUE = b"x" * 100
 SETTLE_S = 1.0
@@ -55,7 +55,7 @@ Result = tuple[float, float]
 """(records per second, CPU nanoseconds per record on the producing thread)"""
 
 TARGETS: dict[str, tuple[str, float]] = {
-    # issue 13 (at 0 ms): throughput for send(), producing-thread CPU for produce()
+    # at 0 ms: throughput for send(), producing-thread CPU for produce()
     "send 1000/txn": ("rec/s", 0.85),
     "produce 1000/txn": ("cpu", 1.3),
 }
@@ -286,11 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory figures")
     add_delay_argument(parser)
+    add_broker_argument(parser)
     args = parser.parse_args(argv)
 
     if args.mock:
         if args.delay_ms:
             parser.error("--mock has no network to delay")
+        if args.broker:
+            parser.error("--mock runs on librdkafka's mock cluster, not on a broker")
         mock = MockCluster(brokers=1)
         names = (f"bench-{n}" for n in range(1_000_000))
 
@@ -309,21 +312,19 @@ def main(argv: list[str] | None = None) -> int:
             mock.close()
         return 0
 
-    broker = start_broker()
-    try:
-        with behind_delay(args.delay_ms, broker.bootstrap_servers) as net:
-            print(environment(net))
-            print(f"broker: {broker.description}")
+    with (
+        running_broker(args.broker) as broker,
+        behind_delay(args.delay_ms, broker.bootstrap_servers) as net,
+    ):
+        print(environment(net))
 
-            def fresh() -> str:  # a new topic per run: a growing log must favour no run
-                return broker.create_topic(partitions=3, prefix="bench")
+        def fresh() -> str:  # a new topic per run: a growing log must favour no run
+            return broker.create_topic(partitions=3, prefix="bench")
 
-            scenarios = _scenarios(net.bootstrap_servers, fresh, args.scale, args.only)
-            _report(_run_rounds(scenarios, args.repeat, settle=SETTLE_S))
-            if not args.no_memory:
-                _memory_report(net.bootstrap_servers, fresh, args.scale)
-    finally:
-        broker.stop()
+        scenarios = _scenarios(net.bootstrap_servers, fresh, args.scale, args.only)
+        _report(_run_rounds(scenarios, args.repeat, settle=SETTLE_S))
+        if not args.no_memory:
+            _memory_report(net.bootstrap_servers, fresh, args.scale)
     return 0
 
 

@@ -1,9 +1,10 @@
-"""Startup cost of recovery with many per-partition state rows (issue 13): what a Spark
+"""Startup cost of recovery with many per-partition state rows: what a Spark
 sink (or any fleet of DualWriters) pays after a restart when ``--ids`` transactional ids
 of one prefix each have a state row, ``--unfinished`` of them left prepared in Kafka
 after their database commit (a task killed between its two commits).
 
-Measured, with Kafka and PostgreSQL behind the delay proxy (``--delay-ms``):
+Measured on the test rig's broker (or the one ``--broker`` names: bench/_broker.py), with
+Kafka and PostgreSQL behind the delay proxy (``--delay-ms``):
 
 - the driver's scan for unfinished state rows before a batch (``Ledger.unfinished``:
   one SELECT of the prefix's rows, the states in the written completed form proven by
@@ -18,13 +19,15 @@ Measured, with Kafka and PostgreSQL behind the delay proxy (``--delay-ms``):
   with ``settle_unfinished``;
 - ``DualWriter.start()`` of an id whose state is completed, what each executor task pays
   for its first batch after a restart (init, recovery that finds nothing, fence), per
-  id, over ``--starts`` ids.
+  id, over ``--starts`` ids, interleaved with its raw confluent-kafka baseline: a
+  ``Producer()`` + ``init_transactions()`` on a fresh id, the handshake any
+  transactional producer pays before its first transaction.
 
 The state rows are made for real (one DualWriter transaction per id, directly, not
 through the proxy): ``--ids`` producers are initialised, which takes a while.
 
-    python bench/recovery_bench.py [--delay-ms 0] [--ids 1000] [--unfinished 1000]
-                                   [--starts 50] [--threads 8] [--no-compare]
+    python bench/recovery_bench.py [--broker apache-kafka|noida] [--delay-ms 0]
+        [--ids 1000] [--unfinished 1000] [--starts 50] [--threads 8] [--no-compare]
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from confluent_kafka import Producer
 from sqlalchemy import Column, MetaData, String, Table, create_engine, select, text
 from sqlalchemy.engine import Engine
 
+from bench._broker import add_broker_argument, running_broker
 from bench._common import Network, add_delay_argument, behind_delay, environment
 from kafka_txn._sink_ledger import Ledger
 from kafka_txn._sink_settle import SETTLE_THREADS, settle_unfinished
@@ -50,7 +55,6 @@ from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.recovery import TransactionOutcome
 from kafka_txn.state import PreparedTxnState
 from tests.databases import POSTGRES_JDBC, ensure_running
-from tests.rig import start_broker
 
 
 class _StopError(Exception):
@@ -212,7 +216,8 @@ def _measure(net: Network, prefix: str, state: str, args: argparse.Namespace) ->
     assert outcomes.get(TransactionOutcome.COMMITTED.value, 0) <= len(found)
     assert ledger.unfinished() == [], "every id settled"
     _scans(ledger, f"all {args.ids} completed (every batch's case)")
-    starts = []
+    starts: list[float] = []
+    raw: list[float] = []
     for i in range(min(args.starts, args.ids)):
         conf = {"bootstrap.servers": net.bootstrap_servers,
                 "transactional.id": f"{prefix}-{args.ids - 1 - i}"}  # fmt: skip
@@ -221,18 +226,39 @@ def _measure(net: Network, prefix: str, state: str, args: argparse.Namespace) ->
         writer.start()
         starts.append(time.perf_counter() - t1)
         writer.close()
+        raw.append(_raw_init(net.bootstrap_servers, f"{prefix}-raw-{i}"))
+    for label, times in (
+        ("DualWriter() + start() of an id whose state is completed (a task's first "
+         "batch after a restart)", starts),
+        ("raw confluent-kafka Producer() + init_transactions() of a fresh id", raw),
+    ):  # fmt: skip
+        print(
+            f"{label}: {statistics.median(times) * 1000:.1f} ms (median of {len(times)}; "
+            f"{min(times) * 1000:.1f}..{max(times) * 1000:.1f})"
+        )
     print(
-        f"DualWriter() + start() of an id whose state is completed (a task's first "
-        f"batch after a restart): {statistics.median(starts) * 1000:.1f} ms "
-        f"(median of {len(starts)}; {min(starts) * 1000:.1f}.."
-        f"{max(starts) * 1000:.1f})"
+        f"ratio of medians: {statistics.median(starts) / statistics.median(raw):.2f}x raw; "
+        f"per interleaved pair: median "
+        f"{statistics.median(s / r for s, r in zip(starts, raw, strict=True)):.2f}x"
     )
     engine.dispose()
+
+
+def _raw_init(bootstrap: str, transactional_id: str) -> float:
+    """Seconds a raw confluent-kafka transactional producer takes to be created and
+    initialised (InitProducerId) on a new transactional id."""
+    t0 = time.perf_counter()
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+    producer.init_transactions()
+    elapsed = time.perf_counter() - t0
+    producer.close()
+    return elapsed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_delay_argument(parser)
+    add_broker_argument(parser)
     parser.add_argument("--ids", type=int, default=1000)
     parser.add_argument("--unfinished", type=int, default=1000)
     parser.add_argument("--starts", type=int, default=50)
@@ -242,27 +268,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="settle half the ids one by one, as before, ABBA")  # fmt: skip
     args = parser.parse_args(argv)
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
-    broker = start_broker()
     prefix = f"bench-rec-{uuid.uuid4().hex[:8]}"
     state = f"bench_state_{uuid.uuid4().hex[:8]}"
-    direct = create_engine(jdbc_to_sqlalchemy(jdbc))
-    try:
-        topic = broker.create_topic(3)
-        started = time.perf_counter()
-        print(f"making {args.ids} state rows ({args.unfinished} left prepared in Kafka)...")
-        _make_rows(
-            broker.bootstrap_servers, direct, prefix, state, args.ids, args.unfinished, topic
-        )
-        print(f"made in {time.perf_counter() - started:.0f} s")
-        with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
-            print(f"broker: {broker.description}")
-            print(environment(net))
-            _measure(net, prefix, state, args)
-    finally:
-        with direct.begin() as conn:
-            conn.execute(text(f'DROP TABLE IF EXISTS "{state}"'))
-        direct.dispose()
-        broker.stop()
+    with running_broker(args.broker) as broker:
+        direct = create_engine(jdbc_to_sqlalchemy(jdbc))
+        try:
+            topic = broker.create_topic(3)
+            started = time.perf_counter()
+            print(f"making {args.ids} state rows ({args.unfinished} left prepared in Kafka)...")
+            _make_rows(
+                broker.bootstrap_servers, direct, prefix, state, args.ids, args.unfinished, topic
+            )
+            print(f"made in {time.perf_counter() - started:.0f} s")
+            with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
+                print(environment(net))
+                _measure(net, prefix, state, args)
+        finally:
+            with direct.begin() as conn:
+                conn.execute(text(f'DROP TABLE IF EXISTS "{state}"'))
+            direct.dispose()
     return 0
 
 

@@ -1,14 +1,15 @@
 """PySpark sink speed against a naive foreachPartition that uses a plain
 (non-transactional) confluent-kafka producer and plain inserts into the same kind of
-table, in the same run, same broker and PostgreSQL, local[2]:
+table, in the same run, same broker (the test rig's choice, or the one ``--broker`` names:
+bench/_broker.py) and PostgreSQL, local[2]:
 
 - throughput: 1M rows over 4 partitions in one batch (target >= 0.9x naive);
 - micro-batch latency: batches of 1,000 rows over 8 partitions, one after another on one
   sink (its writers are kept across batches), median per-batch time after a first
   batch that warms up (target <= 1.5x naive).
 
-    python bench/spark_sink_bench.py [--delay-ms 0] [--rows 1000000] [--partitions 4]
-                                     [--repeat 2] [--batches 10]
+    python bench/spark_sink_bench.py [--broker apache-kafka|noida] [--delay-ms 0]
+        [--rows 1000000] [--partitions 4] [--repeat 2] [--batches 10]
     python bench/spark_sink_bench.py --scale [--delay-ms 0] [--batches 5]
 
 Both the naive writer and the sink go through the same delay proxies (``--delay-ms``).
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402, N812
 
+from bench._broker import add_broker_argument, running_broker  # noqa: E402
 from bench._common import (  # noqa: E402
     Network,
     add_delay_argument,
@@ -42,7 +44,6 @@ from bench._common import (  # noqa: E402
 )
 from kafka_txn.spark import KafkaJdbcSink  # noqa: E402
 from tests.databases import POSTGRES_JDBC, ensure_running  # noqa: E402
-from tests.rig import start_broker  # noqa: E402
 
 
 class NaivePartitionWriter:
@@ -86,6 +87,7 @@ class NaivePartitionWriter:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_delay_argument(parser)
+    add_broker_argument(parser)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2)
@@ -103,21 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONPATH"] = str(ROOT)
-    broker = start_broker()
-    spark = _session()
-    try:
-        with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
-            print(f"broker: {broker.description}")
-            print(environment(net, f"pyspark {spark.version}, local[2]"))
-            if args.scale:
-                spark.stop()
-                _scale(broker, net, args.batches, args.scale_rows, args.scale_partitions)
-            else:
-                _throughput(spark, broker, net, args)
-                _micro_batches(spark, broker, net, args.batches, 1000, 8)
-    finally:
-        spark.stop()
-        broker.stop()
+    with running_broker(args.broker) as broker:
+        spark = _session()
+        try:
+            with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
+                print(environment(net, f"pyspark {spark.version}, local[2]"))
+                if args.scale:
+                    spark.stop()
+                    _scale(broker, net, args.batches, args.scale_rows, args.scale_partitions)
+                else:
+                    _throughput(spark, broker, net, args)
+                    _micro_batches(spark, broker, net, args.batches, 1000, 8)
+        finally:
+            spark.stop()
     return 0
 
 

@@ -1,13 +1,15 @@
 """Two-phase commit latency: 10-record transactions through prepare_transaction() +
 complete_transaction() against the raw confluent-kafka flush() + commit_transaction(), in
-the same run, on the same broker (the test rig's), both behind the same delay proxy
-(``--delay-ms``, default 0: direct). Runs are interleaved; the ratio is of the medians of
-all transactions, and each interleaved pair's ratio is shown too.
+the same run, on the same broker (the test rig's choice, or the one ``--broker`` names:
+bench/_broker.py), both behind the same delay proxy (``--delay-ms``, default 0: direct).
+Runs are interleaved; the ratio is of the medians of all transactions, and each
+interleaved pair's ratio is shown too.
 
 Also shows that only the first prepare after init_transactions() waits for a librdkafka
 statistics snapshot (the producer id/epoch); steady-state prepares do not.
 
-    python bench/two_phase_bench.py [--delay-ms 0] [--transactions 300] [--repeat 5]
+    python bench/two_phase_bench.py [--broker apache-kafka|noida] [--delay-ms 0]
+        [--transactions 300] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
 
+from bench._broker import add_broker_argument, running_broker
 from bench._common import add_delay_argument, behind_delay, environment
 from kafka_txn import TransactionalProducer
-from tests.rig import start_broker
 
 VALUE = b"x" * 100
 AHEAD = [0, 0]
@@ -112,13 +114,12 @@ def _ms(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_delay_argument(parser)
+    add_broker_argument(parser)
     parser.add_argument("--transactions", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    broker = start_broker()
-    try:
+    with running_broker(args.broker) as broker:
         with behind_delay(args.delay_ms, broker.bootstrap_servers) as net:
-            print(f"broker: {broker.description}")
             print(environment(net))
             raw: list[float] = []
             ours: list[float] = []
@@ -167,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(firsts) * 1000:.1f} ms; steady-state p99 above stays "
             "below the 100 ms statistics interval: no wait"
         )
-    finally:
-        broker.stop()
     return 0
 
 

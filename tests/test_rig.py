@@ -10,10 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient
 from kafka.admin import KafkaAdminClient
 
-from tests.rig import _RELIED_ON, Broker
+from tests.apache_kafka import ApacheKafka, java_and_maven
+from tests.rig import _RELIED_ON, Broker, chosen, transaction_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,3 +101,40 @@ def test_every_broker_facing_test_is_a_conformance_test() -> None:
     assert any(i.startswith("tests/test_producer.py::") for i in ids), ids  # via producer_config
     assert any(i.startswith("tests/test_kafka_fidelity.py::") for i in ids), ids
     assert not any(i.startswith("tests/test_state.py::") for i in ids), ids
+
+
+def test_the_broker_is_chosen_in_the_documented_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KAFKA_BOOTSTRAP_SERVERS first; KAFKA_TXN_TEST_BROKER forces one of the others and a
+    wrong value names the ones there are; otherwise Apache Kafka where Java and Maven
+    are (no Docker engine on this machine's kind), else noida-db."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("KAFKA_TXN_TEST_BROKER", "noida")
+    assert chosen() == "external"
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS")
+    assert chosen() == "noida"
+    monkeypatch.setenv("KAFKA_TXN_TEST_BROKER", "kafka")
+    with pytest.raises(RuntimeError, match="apache-kafka, noida, testcontainers"):
+        chosen()
+    monkeypatch.delenv("KAFKA_TXN_TEST_BROKER")
+    monkeypatch.setattr("tests.rig._docker_answers", lambda: False)
+    assert chosen() == ("apache-kafka" if java_and_maven() else "noida")
+    monkeypatch.setattr("tests.rig.java_and_maven", lambda: False)
+    assert chosen() == "noida"
+
+
+def test_apache_kafka_is_formatted_as_asked_and_stopped_by_its_pid() -> None:
+    """A broker formatted with transaction.version 0 finalizes no transaction.version
+    (``kafka.tools.StorageTool``: a feature at level 0 is not written), answers, and is
+    gone with its folder once stopped: the process ended (and reaped), nothing left."""
+    kafka = ApacheKafka(transaction_version=0).start()
+    pid = kafka.pid
+    assert pid is not None
+    try:
+        assert transaction_version(kafka.bootstrap_servers) == 0
+        assert "formatted with transaction.version 0" in kafka.description
+        assert Path(f"/proc/{pid}").exists()
+    finally:
+        kafka.stop()
+    assert not Path(f"/proc/{pid}").exists()
+    assert not kafka.folder.exists()
+    kafka.stop()  # idempotent

@@ -220,7 +220,11 @@ class ApacheKafka:
         ]  # fmt: skip
 
     def _format(self, cp: str, config: Path) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Kafka's Uuid.randomUuid().toString(): URL-safe base64 of 16 random bytes. One
+        # that starts with "-" would be read by StorageTool as an option: drawn again.
+        cluster_id = "-"
+        while cluster_id.startswith("-"):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         features = (
             []
             if self.transaction_version is None

@@ -135,7 +135,7 @@ def apache_kafka() -> Iterator[Callable[[str], _Kafka]]:
             server = ApacheKafka(transaction_version=tv, properties=properties)
             link = _slow_inter_broker_link(server) if kind == "slow-markers" else None
             try:
-                _start(server)
+                server.start()
             except BaseException:
                 if link is not None:
                     link.close()
@@ -179,21 +179,6 @@ def _slow_inter_broker_link(server: ApacheKafka) -> KafkaProxy:
         }
     )
     return link
-
-
-def _start(server: ApacheKafka) -> ApacheKafka:
-    """``server.start()``, formatting again when StorageTool took the random cluster id
-    for an option: tests/apache_kafka.py draws it from the URL-safe base64 alphabet, and
-    one that starts with "-" is refused ("--cluster-id/-t: expected one argument"),
-    about one start in 64. Another start draws another id."""
-    for attempt in range(3):
-        try:
-            return server.start()
-        except RuntimeError as exc:
-            if "--cluster-id/-t: expected one argument" not in str(exc) or attempt == 2:
-                server.stop()
-                raise
-    raise AssertionError("unreachable")
 
 
 @pytest.fixture

@@ -31,10 +31,12 @@ test: setup databases
 	$(PY) -m pytest
 
 # The broker-facing tests (-m conformance) on the other brokers CI covers: Apache Kafka
-# formatted with transaction.version 0 (no KIP-890 part 2), and noida-db (no Java).
+# formatted with transaction.version 0 (no KIP-890 part 2), and noida-db (no Java). The
+# Spark, examples and adversarial-soak modules (marked slow) run once, in make test.
+MATRIX_TESTS ?= -m "conformance and not slow"
 conformance-matrix: setup databases
-	KAFKA_TXN_TRANSACTION_VERSION=0 $(PY) -m pytest -m conformance
-	KAFKA_TXN_TEST_BROKER=noida $(PY) -m pytest -m conformance
+	KAFKA_TXN_TRANSACTION_VERSION=0 $(PY) -m pytest $(MATRIX_TESTS)
+	KAFKA_TXN_TEST_BROKER=noida $(PY) -m pytest $(MATRIX_TESTS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -10,6 +10,7 @@ and the terminal summary, name the broker that ran and what it reports about its
 from __future__ import annotations
 
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -83,6 +84,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             for name in ("broker", "conformance"):
                 if item.get_closest_marker(name) is None:
                     item.add_marker(name)
+        if _SLOW.match(item.path.name) and item.get_closest_marker("slow") is None:
+            item.add_marker("slow")
+
+
+# The modules whose tests each take tens of seconds of Spark jobs or timed fault
+# schedules, whatever the broker: `make test` runs them once, on Apache Kafka; the
+# conformance matrix's extra brokers leave them out (-m "conformance and not slow").
+_SLOW = re.compile(r"test_(spark\w*|adversarial|examples)\.py")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -290,12 +290,14 @@ class Completion:
         with INVALID_TXN_STATE, and librdkafka makes that fatal (librdkafka issue 4849).
         Java's producer never does this: its EndTxn waits behind the pending
         AddPartitionsToTxn. A delivered record proves its partition was added. The wait
-        stops early once the transaction failed (librdkafka then sends nothing more, so
-        waiting would only run out the clock) or nothing is queued."""
+        stops early once librdkafka's own transaction failed (it then sends nothing
+        more, so waiting would only run out the clock) or nothing is queued; a
+        transaction that failed only here (a record refused before it was queued, a
+        commit refused for it) still has librdkafka delivering the others."""
         producer = self._io.producer
         while (
             len(producer) > 0
-            and self._life.abortable is None
+            and not self._deliveries.librdkafka_failed
             and self._life.fatal is None
             and time.monotonic() < deadline
         ):

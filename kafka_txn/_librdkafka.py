@@ -138,6 +138,7 @@ class Driver:
             )
         except TransactionOutcomeUnknownError as exc:
             abortable = TransactionAbortableError(exc.message, kafka_error=exc.kafka_error)
+            self.deliveries.librdkafka_failed = True
             self.life.enter_abortable(abortable)
             raise abortable from exc.__cause__
 
@@ -368,6 +369,7 @@ class Driver:
         elif operation == "begin_transaction":
             return IllegalStateError(mapped.message, kafka_error=err)
         else:
+            self.deliveries.librdkafka_failed = True
             self.life.enter_abortable(mapped)
         return mapped
 

@@ -47,6 +47,7 @@ class Deliveries:
         "callback_error",
         "failed_records",
         "first_failure",
+        "librdkafka_failed",
         "poll",
         "reports",
         "user_on_delivery",
@@ -66,6 +67,11 @@ class Deliveries:
         self.first_failure: ProduceFailedException | None = None
         """The first failed record of the open transaction (purged ones never count)."""
         self.failed_records = 0
+        self.librdkafka_failed = False
+        """Whether librdkafka's own transaction failed (a failed delivery report, or a
+        transactional call it failed): it then sends no more records. A record refused
+        before it was queued fails only this library's transaction (KIP-691), not
+        librdkafka's, which still delivers the others."""
         self.callback_error: BaseException | None = None
         self.poll = poll
         """The producer's ``poll()``: what a waiting ``DeliveryFuture`` drives."""
@@ -83,6 +89,7 @@ class Deliveries:
         """Forget the failures of the previous transaction."""
         self.first_failure = None
         self.failed_records = 0
+        self.librdkafka_failed = False
 
     def collect(self) -> None:
         """Turn the failed reports that landed in ``reports`` into failures."""
@@ -106,6 +113,7 @@ class Deliveries:
     def failed_report(self, err: KafkaError, msg: Message) -> ProduceFailedException:
         """A delivery report with an error: record it and tell the user's callback."""
         failure = produce_failure(err, msg.topic(), msg.partition(), msg.key())
+        self.librdkafka_failed = True
         self.record_failure(failure)
         if self.user_on_delivery is not None:
             self.call_user(self.user_on_delivery, failure, msg)

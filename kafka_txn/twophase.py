@@ -82,8 +82,26 @@ whether the answer came (the flush itself ends as soon as every record is delive
 librdkafka's flush() counts whole milliseconds (confluent-kafka truncates the timeout):
 a shorter slice would be a flush(0) that polls without waiting."""
 
+_METADATA_SLICE_S = 0.25
+"""The cluster id is read with librdkafka Metadata calls this long, librdkafka's callbacks
+served between them: a SASL login the broker refuses is reported only through error_cb
+(``classification.AUTHENTICATION_CODES``) while a Metadata call waits for a broker it can
+use, so one call as long as the deadline would hear of the refusal only at the end."""
+
 # A snapshot whose transaction manager is in one of these states was taken when the
 # producer id and epoch were settled (not mid-init, not mid-abort).
+# What the coordinator shows, under this producer's id and epoch, at prepare of a
+# transaction none of whose records or offsets reached it: no transaction (Empty), the
+# previous one completed, or the previous one still completing. A commit or abort
+# returns once the coordinator logged PrepareCommit/PrepareAbort, and the markers are
+# written after (TransactionCoordinator.endTransaction, then
+# TransactionMarkerChannelManager); the coordinator moves to Ongoing only when this
+# transaction's first partition or offsets are added (handleAddPartitionsToTransaction,
+# which answers CONCURRENT_TRANSACTIONS until the markers are written). Every record was
+# delivered before the describe, so none of them went to an unregistered partition.
+_NOTHING_SENT = frozenset(
+    {"Empty", "CompleteCommit", "CompleteAbort", "PrepareCommit", "PrepareAbort"}
+)
 _SETTLED_TXN_STATES = frozenset({"Ready", "InTransaction", "BeginCommit", "CommittingTransaction"})
 
 
@@ -620,7 +638,7 @@ class TwoPhase:
                 "producer took over; close this one",
                 kafka_error=KafkaError(KafkaError.PRODUCER_FENCED),
             )
-        if seen.state in ("Empty", "CompleteCommit", "CompleteAbort"):
+        if seen.state in _NOTHING_SENT:
             return PreparedTxnState.EMPTY  # nothing was sent: nothing to commit
         if seen.state != "Ongoing":
             raise prepare_failed(f"the coordinator reports state {seen.state}")

@@ -17,6 +17,7 @@ from kafka_txn import (
     ProduceFailedException,
     ProducerFencedError,
     TransactionalProducer,
+    TransactionOutcome,
 )
 
 pytestmark = pytest.mark.broker
@@ -264,3 +265,60 @@ def test_an_abort_right_after_a_commit_whose_markers_are_still_written_aborts(
     values = [v for _, v in broker.read_committed(wide, expected=5 * 200 + 1)]
     assert sorted(set(values)) == sorted({b"committed-%d" % i for i in range(5)} | {b"last"})
     assert len(values) == 5 * 200 + 1
+
+
+def _wide_commit(producer, wide, i):
+    """A committed transaction over 200 partitions: its markers take long enough to
+    write that the next transaction begins while the coordinator still completes it."""
+    with producer.transaction():
+        for partition in range(200):
+            producer.produce(wide, b"committed-%d" % i, partition=partition)
+
+
+def test_an_abort_after_a_refused_record_right_after_a_commit_aborts(broker, producer_config):
+    """A record refused before it was queued (too large) fails the transaction here but
+    not in librdkafka, which still registers and delivers the others: right after a
+    commit whose markers are in flight, commit_transaction() raises
+    CommitFailedException and the abort that follows aborts (librdkafka's EndTxn(abort)
+    would otherwise overtake its retried AddPartitionsToTxn and be refused with
+    INVALID_TXN_STATE, fatal). The producer goes on; nothing of the aborted ones shows."""
+    wide = broker.create_topic(partitions=200, prefix="wide")
+    with TransactionalProducer({**producer_config, "linger.ms": 0}) as producer:
+        producer.init_transactions()
+        for i in range(5):
+            _wide_commit(producer, wide, i)
+            producer.begin_transaction()
+            producer.produce(wide, b"aborted-%d" % i, partition=0)
+            with pytest.raises(ProduceFailedException):
+                producer.produce(wide, b"x" * 2_000_000, partition=1)
+            time.sleep(0.01)  # the registration is answered, its retry not yet sent
+            with pytest.raises(CommitFailedException):
+                producer.commit_transaction()
+            producer.abort_transaction()
+    values = [v for _, v in broker.read_committed(wide, expected=5 * 200)]
+    assert sorted(set(values)) == sorted({b"committed-%d" % i for i in range(5)})
+    assert len(values) == 5 * 200
+
+
+def test_a_transaction_that_sent_nothing_prepares_empty_right_after_a_commit(
+    broker, producer_config
+):
+    """prepare_transaction() of a transaction that sent nothing gives the empty state
+    also while the coordinator still writes the previous commit's markers: under this
+    producer's id and epoch it shows the previous transaction PrepareCommit
+    (``TransactionCoordinator.endTransaction`` answers before the markers are written),
+    which is not this transaction."""
+    wide = broker.create_topic(partitions=200, prefix="wide")
+    two_phase = {**producer_config, "linger.ms": 0, "transaction.two.phase.commit.enable": True}
+    with TransactionalProducer(two_phase) as producer:
+        producer.init_transactions()
+        for i in range(5):
+            producer.begin_transaction()
+            for partition in range(200):
+                producer.produce(wide, b"committed-%d" % i, partition=partition)
+            producer.complete_transaction(producer.prepare_transaction())
+            producer.begin_transaction()
+            state = producer.prepare_transaction()
+            assert state.is_empty
+            assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
+    assert len(broker.read_committed(wide, expected=5 * 200)) == 5 * 200

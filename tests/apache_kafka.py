@@ -119,7 +119,8 @@ class ApacheKafka:
     with ``properties`` naming the mechanisms, and ``format_args`` adding
     ``--add-scram`` credentials). ``heap`` is the JVM's -Xmx.
 
-    ``start()`` returns once the broker answers Metadata; ``stop()`` ends the process by
+    ``start()`` returns once the broker answers Metadata and (``warm_up``) its transaction
+    log and offsets topic are created and loaded; ``stop()`` ends the process by
     its PID (SIGTERM, a controlled shutdown, then SIGKILL) and deletes the folder;
     ``restart()`` stops and starts the same broker on the same ports and data, as an
     operator's rolling restart does; ``kill()`` is a crash (SIGKILL), data kept.
@@ -134,6 +135,7 @@ class ApacheKafka:
         listener_protocol: str = "PLAINTEXT",
         format_args: Iterable[str] = (),
         heap: str = "512m",
+        warm_up: bool = True,
     ) -> None:
         self.version = version or os.environ.get("KAFKA_TXN_KAFKA_VERSION") or KAFKA_VERSION
         self.transaction_version = transaction_version
@@ -144,6 +146,7 @@ class ApacheKafka:
         self.listener_protocol = listener_protocol
         self._format_args = list(format_args)
         self._heap = heap
+        self.warm_up = warm_up
         self._proc: subprocess.Popen[bytes] | None = None
         self.properties = {
             **_BASE_PROPERTIES,
@@ -206,10 +209,39 @@ class ApacheKafka:
             )  # fmt: skip
         try:
             self._wait_ready()
+            if self.warm_up:
+                self._warm_up()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _warm_up(self) -> None:
+        """Create and load the internal topics a long-running cluster already has: the
+        transaction log (a transactional producer's InitProducerId) and the offsets topic
+        (OffsetFetch of a group), so that the first test meets a cluster as users run it,
+        not one creating ``__consumer_offsets`` under it. (librdkafka's consumer gives up
+        on a committed-offset fetch answered NOT_COORDINATOR while that topic loads, and
+        then never fetches an assigned partition.)"""
+        from confluent_kafka import Consumer, Producer, TopicPartition
+
+        config = {**self.admin_config(), "log_level": 0}
+        producer = Producer({**config, "transactional.id": "kafka-txn-rig-warm-up"})
+        producer.init_transactions(START_TIMEOUT_S)
+        producer.flush(0)
+        consumer = Consumer({**config, "group.id": "kafka-txn-rig-warm-up"})
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                try:  # OffsetFetch: answered once the group's coordinator has loaded
+                    consumer.committed([TopicPartition("kafka-txn-rig-warm-up", 0)], timeout=10)
+                    return
+                except KafkaException:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            consumer.close()
 
     def _java(self, cp: str) -> list[str]:
         return [

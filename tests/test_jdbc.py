@@ -27,6 +27,7 @@ from kafka_txn._jdbc_params import CHARSETS
 from kafka_txn._spark_options import SinkOptions
 from kafka_txn.dualwrite import DualWriter, engine_for
 from kafka_txn.jdbc import jdbc_to_sqlalchemy, redact_jdbc_url
+from tests.pg_proxy import PostgresProxy
 
 SECRET = "Zq7-s3cr3t"  # distinctive: found in a message only if the message leaks it
 
@@ -893,14 +894,18 @@ def test_a_read_timeout_the_user_set_is_kept(mariadb_jdbc):
     [("sslmode=require", "SSL"), ("ssl=true", "SSL"), ("sslmode=verify-ca", "")],
 )
 def test_postgres_tls_demanded_of_a_server_without_it_fails_clearly(postgres_jdbc, params, needle):
-    """The local server has no TLS: a connection that requires it fails at once with
-    libpq's reason (connectTimeout bounds it in any case)."""
-    engine = create_engine(jdbc_to_sqlalchemy(_pg_url(postgres_jdbc, f"{params}&connectTimeout=5")))
+    """A server without TLS (tests/pg_proxy.py answers the SSLRequest 'N', as a server
+    with ssl = off does): a connection that requires TLS fails at once with libpq's
+    reason (connectTimeout bounds it in any case)."""
+    proxy = PostgresProxy(("127.0.0.1", 5432))
+    jdbc = postgres_jdbc.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    engine = create_engine(jdbc_to_sqlalchemy(_pg_url(jdbc, f"{params}&connectTimeout=5")))
     try:
         with pytest.raises(OperationalError) as info:
             engine.connect().close()
     finally:
         engine.dispose()
+        proxy.close()
     message = str(info.value.orig)
     assert needle in message
     assert "SSL" in message or "root certificate" in message

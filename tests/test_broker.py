@@ -226,10 +226,12 @@ def test_record_fields_reach_the_broker_and_futures_resolve(broker, topic, produ
                 on_delivery=lambda err, msg: called.append((err, msg.partition())),
             )
         msg = f.result(timeout=5)
-        assert f.done() and f.exception() is None and called[0] is f
+        assert f.done() and f.exception() is None
         assert (msg.partition(), msg.key(), msg.value()) == (1, b"key", b"value")
         assert msg.timestamp()[1] == 1_700_000_000_000
-        assert called[1] == (None, 2)
+        # Both reports, in either order: the records went to different partitions, whose
+        # reports librdkafka serves as each partition's produce answer comes.
+        assert len(called) == 2 and f in called and (None, 2) in called
     assert sorted(broker.read_committed(topic, expected=2)) == [
         (b"k2", b"text"),
         (b"key", b"value"),

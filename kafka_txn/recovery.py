@@ -207,8 +207,10 @@ RULES: tuple[Rule, ...] = (
     )),
     Rule(4, Verdict.UNKNOWABLE, epochs=frozenset({EpochIs.SAME}),
          starts=frozenset({StartIs.EARLIER}), reason=(
-        "the coordinator shows an older transaction than the stored one: another cluster, "
-        "or a transaction log that lost data"
+        "the coordinator shows a transaction that started before the stored one: another "
+        "cluster, a transaction log that lost data, or a later transaction stamped by a "
+        "coordinator whose wall clock went back (a clock step, or a move to a broker "
+        "whose clock is behind)"
     )),
     Rule(5, Verdict.COMMIT, epochs=frozenset({EpochIs.SAME}), starts=frozenset({StartIs.SAME}),
          states=frozenset({"Ongoing"}), reason="it is still open under the stored identity"),

@@ -62,20 +62,6 @@ _BROKER_PROPERTIES = {
 _STALL_MAX_POLL_MS = 6000
 
 
-def start_apache_kafka(**settings: Any) -> ApacheKafka:
-    """``ApacheKafka(**settings).start()``, formatted again with another cluster id if
-    the storage tool took the random one for an option (an id that starts with "-")."""
-    for attempt in range(3):
-        server = ApacheKafka(**settings)
-        try:
-            return server.start()
-        except RuntimeError as exc:
-            server.stop()
-            if "--cluster-id/-t: expected one argument" not in str(exc) or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[Broker]:
     """An Apache Kafka broker of this module's own (tests/apache_kafka.py)."""
@@ -85,7 +71,7 @@ def kafka() -> Iterator[Broker]:
             "(Debian: apt-get install openjdk-17-jre-headless maven)",
             pytrace=False,
         )
-    server = start_apache_kafka(properties=_BROKER_PROPERTIES)
+    server = ApacheKafka(properties=_BROKER_PROPERTIES).start()
     try:
         yield Broker(server.bootstrap_servers, server.description)
     finally:
@@ -168,15 +154,19 @@ class _Run:
             name: _Spied(
                 name,
                 self.events,
-                {**_consumer_config(kafka, self.group, protocol, f"{name}-{self.group}"),
-                 **(a_consumer if name == "a" else {})},
-                {"bootstrap.servers": kafka.bootstrap_servers,
-                 "transactional.id": self.txn_ids[name]},
+                {
+                    **_consumer_config(kafka, self.group, protocol, f"{name}-{self.group}"),
+                    **(a_consumer if name == "a" else {}),
+                },
+                {
+                    "bootstrap.servers": kafka.bootstrap_servers,
+                    "transactional.id": self.txn_ids[name],
+                },
                 [self.source],
                 self._process(name),
                 backoff=tenacity.wait_fixed(0.05),
                 batch_size=200,
-            )  # fmt: skip
+            )
             for name in ("a", "b")
         }
         self._threads: dict[str, threading.Thread] = {}
@@ -328,9 +318,7 @@ def _assert_exactly_once(run: _Run) -> None:
         f"twice or more {sorted(v for v, n in got.items() if n > 1)}"
     )
     assert run.kafka.open_partitions(run.sink) == {}
-    assert _committed(run.kafka, run.group, run.source) == _after_last_record(
-        run.kafka, run.source
-    )
+    assert _committed(run.kafka, run.group, run.source) == _after_last_record(run.kafka, run.source)
 
 
 def _rebalance_waits_for_a(run: _Run) -> bool:
@@ -349,9 +337,7 @@ def _rebalance_waits_for_a(run: _Run) -> bool:
 
 # ---------------------------------------------------------------- the tests
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_member_joining_while_a_transaction_is_open_does_not_refuse_its_offsets(
-    kafka, protocol
-):
+def test_a_member_joining_while_a_transaction_is_open_does_not_refuse_its_offsets(kafka, protocol):
     """A second member joins while the first has a transaction open and its offsets not
     sent. The group coordinator waits for the member at work: a classic group stays in
     PreparingRebalance at its generation until every member rejoins
@@ -452,8 +438,12 @@ def test_offsets_sent_with_group_metadata_from_before_a_rebalance(kafka, protoco
     sink = kafka.create_topic(1)
     group = f"g-{uuid.uuid4().hex[:8]}"
     consumers = {
-        name: Consumer({**_consumer_config(kafka, group, protocol, f"{name}-{group}"),
-                        "enable.auto.commit": False})  # fmt: skip
+        name: Consumer(
+            {
+                **_consumer_config(kafka, group, protocol, f"{name}-{group}"),
+                "enable.auto.commit": False,
+            }
+        )
         for name in ("a", "b")
     }
     assigned = {name: set[int]() for name in consumers}
@@ -463,8 +453,10 @@ def test_offsets_sent_with_group_metadata_from_before_a_rebalance(kafka, protoco
         assigned[name] = {tp.partition for tp in consumers[name].assignment()}
 
     def outcome(partition: int, metadata: Any) -> str:
-        conf = {"bootstrap.servers": kafka.bootstrap_servers,
-                "transactional.id": f"stale-{uuid.uuid4().hex[:8]}"}  # fmt: skip
+        conf = {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "transactional.id": f"stale-{uuid.uuid4().hex[:8]}",
+        }
         with TransactionalProducer(conf) as producer:
             producer.init_transactions()
             producer.begin_transaction()
@@ -514,10 +506,14 @@ def test_a_stale_member_epoch_answer_stops_the_loop_like_illegal_generation(kafk
         refused = proxy.fail(ApiKey.TXN_OFFSET_COMMIT, KafkaError.STALE_MEMBER_EPOCH, times=1)
         stale = ExactlyOnceProcessor(
             _consumer_config(kafka, group, "consumer", "stale"),
-            {"bootstrap.servers": proxy.bootstrap_servers,
-             "transactional.id": f"eos-{uuid.uuid4().hex[:8]}"},
-            [source], lambda r: [(sink, r.value())], batch_size=200,
-        )  # fmt: skip
+            {
+                "bootstrap.servers": proxy.bootstrap_servers,
+                "transactional.id": f"eos-{uuid.uuid4().hex[:8]}",
+            },
+            [source],
+            lambda r: [(sink, r.value())],
+            batch_size=200,
+        )
         with pytest.raises(FatalError, match="STALE_MEMBER_EPOCH") as info:
             stale.run(idle_timeout=60)
         assert refused.hits == 1
@@ -526,10 +522,14 @@ def test_a_stale_member_epoch_answer_stops_the_loop_like_illegal_generation(kafk
     assert kafka.open_partitions(sink) == {}
     successor = ExactlyOnceProcessor(
         _consumer_config(kafka, group, "consumer", "successor"),
-        {"bootstrap.servers": kafka.bootstrap_servers,
-         "transactional.id": f"eos-{uuid.uuid4().hex[:8]}"},
-        [source], lambda r: [(sink, r.value())], batch_size=200,
-    )  # fmt: skip
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "transactional.id": f"eos-{uuid.uuid4().hex[:8]}",
+        },
+        [source],
+        lambda r: [(sink, r.value())],
+        batch_size=200,
+    )
     successor.run(idle_timeout=4)
     got = Counter(v for _, v in kafka.read_committed(sink, expected=len(values)))
     assert got == Counter(values)

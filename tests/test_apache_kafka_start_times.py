@@ -72,20 +72,6 @@ class _Kafka:
             self.server.start()
 
 
-def _start_apache_kafka(**settings: Any) -> ApacheKafka:
-    """``ApacheKafka(**settings).start()``, formatted again with another cluster id if
-    the storage tool took the random one for an option (an id that starts with "-")."""
-    for attempt in range(3):
-        server = ApacheKafka(**settings)
-        try:
-            return server.start()
-        except RuntimeError as exc:
-            server.stop()
-            if "--cluster-id/-t: expected one argument" not in str(exc) or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[_Kafka]:
     if not java_and_maven():
@@ -94,7 +80,7 @@ def kafka() -> Iterator[_Kafka]:
             "(Debian: apt-get install openjdk-17-jre-headless maven)",
             pytrace=False,
         )
-    server = _start_apache_kafka(properties=_BROKER_PROPERTIES)
+    server = ApacheKafka(properties=_BROKER_PROPERTIES).start()
     try:
         yield _Kafka(server)
     finally:
@@ -185,7 +171,10 @@ def _committed_then_bounced(
     # (TransactionLog.valueToBytes / TransactionLog.read): the same start after the bounce.
     reloaded = _wait_for(kafka, txn_id, lambda d: d.found, "the transactional id reloaded")
     assert (reloaded.state, reloaded.producer_id, reloaded.producer_epoch) == (
-        "CompleteCommit", state.producer_id, state.producer_epoch)  # fmt: skip
+        "CompleteCommit",
+        state.producer_id,
+        state.producer_epoch,
+    )
     assert reloaded.start_time_ms == state.txn_start_ms
     return producer, state
 
@@ -222,9 +211,7 @@ def test_a_later_transaction_after_a_restart_means_the_stored_one_committed(kafk
 
 
 @pytest.mark.parametrize("how", RESTARTS)
-def test_the_next_transaction_timed_out_after_a_restart_means_the_stored_one_committed(
-    kafka, how
-):
+def test_the_next_transaction_timed_out_after_a_restart_means_the_stored_one_committed(kafka, how):
     """Row 11. As above, and the restarted coordinator then times N+1 out
     (``TransactionStateManager.timedOutTransactions``: Ongoing and start time plus
     ``transaction.timeout.ms`` before its wall clock;
@@ -239,10 +226,11 @@ def test_the_next_transaction_timed_out_after_a_restart_means_the_stored_one_com
         _begin_next(producer, topic, b"n+1")
         assert state.producer_epoch is not None and state.txn_start_ms is not None
         seen = _wait_for(
-            kafka, txn_id,
+            kafka,
+            txn_id,
             lambda d: d.state == "CompleteAbort" and d.producer_epoch == state.producer_epoch + 1,
             "N+1 timed out (epoch e + 1, CompleteAbort)",
-        )  # fmt: skip
+        )
         assert seen.start_time_ms > state.txn_start_ms
         assert decide(state, seen).row == 11
         outcome = _recover(_config(kafka, txn_id), state)
@@ -270,7 +258,11 @@ def test_a_transaction_prepared_before_a_restart_is_committed_by_recovery_once(k
     kafka.bounce(how)
     seen = _wait_for(kafka, txn_id, lambda d: d.found, "the transactional id reloaded")
     assert (seen.state, seen.producer_id, seen.producer_epoch, seen.start_time_ms) == (
-        "Ongoing", state.producer_id, state.producer_epoch, state.txn_start_ms)  # fmt: skip
+        "Ongoing",
+        state.producer_id,
+        state.producer_epoch,
+        state.txn_start_ms,
+    )
     assert decide(state, seen).row == 5
     assert _recover(_config(kafka, txn_id), state) is TransactionOutcome.COMMITTED
     got = kafka.broker.read_committed(topic, expected=len(values))
@@ -320,6 +312,7 @@ def test_a_next_transaction_stamped_before_the_stored_one_is_unknowable(kafka):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason=(
         "not guaranteed (docs/guarantees.md): N+1 stamped in N's millisecond by a "
         "coordinator clock that went back is indistinguishable from N"

@@ -1,4 +1,4 @@
-"""Helpers shared by the adversary and red-team test files (test_producer_adversaries,
+"""Helpers shared by the adversarial test files (test_producer_adversaries,
 test_redteam_producer_2, test_redteam_3_producer, test_redteam_dualwrite_2,
 test_redteam_3_dualwrite): the stand-ins for a signal, the proxied and two-phase
 producer configurations, the prepared-then-crashed producer, and the dual-write tables,

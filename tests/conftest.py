@@ -75,7 +75,7 @@ def broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that talks to the broker is a conformance test (``pytest -m
-    conformance``, issue 14): it must pass unchanged on Apache Kafka named by
+    conformance``): it must pass unchanged on Apache Kafka named by
     KAFKA_BOOTSTRAP_SERVERS. A test talks to the broker when it asks for the ``broker``
     fixture, directly or through another fixture (``topic``, ``producer_config``, ...);
     it also gets the ``broker`` marker if its module did not set it."""

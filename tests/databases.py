@@ -103,7 +103,7 @@ def unique_name(prefix: str) -> str:
 
 
 def id_value_table(name: str) -> Table:
-    """A table of (id, value) rows, as the dual-write red-team tests write."""
+    """A table of (id, value) rows, as the adversarial dual-write tests write."""
     return Table(
         name, MetaData(), Column("id", Integer, primary_key=True), Column("value", String(64))
     )

@@ -1,4 +1,4 @@
-"""A Kafka-aware TCP proxy for tests and benchmarks (issue 14; the delay proxy of 13).
+"""A Kafka-aware TCP proxy for tests and benchmarks.
 
 ``KafkaProxy`` sits between any Kafka client (librdkafka, kafka-python, kafka-txn's
 coordinator client) and a real broker:

@@ -1,4 +1,4 @@
-"""The dual-write promise under an adversary (issue 9, "Proof"): several writer processes
+"""The dual-write promise under an adversary: several writer processes
 share ONE transactional id (tests/adversary_app.py, each a loop of DualWriter
 transactions) while, on real timers, the test
 

@@ -1,4 +1,4 @@
-"""The coordinator client's security settings (issue 12): TLS and SASL as librdkafka does
+"""The coordinator client's security settings: TLS and SASL as librdkafka does
 them, checked at construction, through the real client stack.
 
 noida-db (the local test broker) has no TLS listener and no SCRAM or OAUTHBEARER, so

@@ -1,8 +1,8 @@
-"""DDL run by many at once (issue 10, item 1): threads and processes creating one fresh
+"""DDL run by many at once: threads and processes creating one fresh
 table, DualWriters starting together on one fresh state table, writers adding the owner
 column together, on PostgreSQL, MariaDB and SQLite. Each creator succeeds and exactly one
-of them created the table. With the old ``table.create(engine, checkfirst=True)`` the
-creators raced: PostgreSQL raised DuplicateTable or UniqueViolation on
+of them created the table. With a plain ``table.create(engine, checkfirst=True)`` the
+creators race: PostgreSQL raises DuplicateTable or UniqueViolation on
 pg_type_typname_nsp_index, MariaDB "Table ... already exists", SQLite "table ... already
 exists"."""
 

@@ -2,7 +2,7 @@
 in: BEGIN goes with the state-row lock (one simple query), the state UPDATE with the
 COMMIT (pipeline mode, kafka_txn._pg_pipeline), and the connection it puts in autocommit
 mode for that never reaches the pool in autocommit mode, whichever way the transaction
-ended (issue 13)."""
+ended."""
 
 from __future__ import annotations
 

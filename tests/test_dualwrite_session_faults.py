@@ -1,11 +1,10 @@
-"""DualWriter's database sessions under attack: schedules from the red-team review of
-2026-11-23 (issue 13's changes: PostgreSQL pipeline mode for the dual write, guarantee
-4.14; the completion marks, 4.7; the state-row lock, 4.9; start(), 4.8).
+"""DualWriter's database sessions under attack: PostgreSQL pipeline mode for the dual
+write, guarantee 4.14; the completion marks, 4.7; the state-row lock, 4.9; start(), 4.8.
 
-Each test states the promise it attacks. Eight of them broke a promise when written
-(an engine in autocommit mode, a session statement timeout, pools of one connection, a
-body's own session lock wait on MariaDB and SQLite, start() after its fence) and guard
-the fixes; the others cover schedules no other test covers. Real PostgreSQL and
+Each test states the promise it attacks. Some guard it against a specific session
+setup (an engine in autocommit mode, a session statement timeout, pools of one
+connection, a body's own session lock wait on MariaDB and SQLite, start() after its
+fence); the others cover schedules no other test covers. Real PostgreSQL and
 MariaDB, the local broker; Kafka is checked with kafka-python's read_committed consumer,
 the database with direct SQL."""
 

@@ -1,7 +1,7 @@
 """DualWriter and the database session it is given: an engine in autocommit mode is
 refused before anything is written, and a session statement timeout that ends the wait
-for the state-row lock is the lock-timeout error (guarantees 4.2 and 4.9). The red-team
-schedules of 2026-11-23 (tests/test_dualwrite_session_faults.py) cover the same promises with
+for the state-row lock is the lock-timeout error (guarantees 4.2 and 4.9). The adversarial
+schedules of tests/test_dualwrite_session_faults.py cover the same promises with
 an earlier deployment's state row; these start from a fresh state table."""
 
 from __future__ import annotations

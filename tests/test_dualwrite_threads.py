@@ -1,7 +1,7 @@
 """One DualWriter used from several threads, and interruptions once the database may have
-decided. Found by a red-team review: threads calling transaction() on one writer used to
-abort each other's prepared transactions after their database commit, and an exception
-right after the COMMIT left the writer running, so the next transaction aborted the
+decided. Guarded against: threads calling transaction() on one writer aborting each
+other's prepared transactions after their database commit, and an exception right after
+the COMMIT leaving the writer running, so that the next transaction aborts the
 committed one. Each schedule here ends with the database rows equal to what an
 independent read_committed consumer (kafka-python) sees, each once."""
 

@@ -1,5 +1,5 @@
 """Two DualWriters with one transactional id, scheduled deterministically on PostgreSQL,
-MariaDB and SQLite (issue 9, scenarios 1, 7 and 8):
+MariaDB and SQLite:
 
 - a zombie writer that takes the state-row lock after the new writer's recovery but
   before its fence (scenario 1);
@@ -327,8 +327,8 @@ def test_body_sql_waiting_for_a_metadata_lock_is_bounded_on_mariadb(broker, mari
     """lock_timeout also bounds the body's own SQL on MariaDB when it waits for a table's
     metadata lock (LOCK TABLES here; any statement queued behind an ALTER TABLE alike),
     not only for row locks: the insert fails while the blocker still holds the table,
-    nothing is written, and the writer stays usable. Found by a red-team review (the wait
-    was MariaDB's default lock_wait_timeout, a day)."""
+    nothing is written, and the writer stays usable (unbounded, the wait would be
+    MariaDB's default lock_wait_timeout, a day)."""
     sides = Sides(broker, mariadb_jdbc, txn_id)
     writer = sides.writer(lock_timeout=1.0)
     engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))

@@ -735,8 +735,8 @@ def test_rollback_with_latest_reset_rewinds_to_the_batch_not_to_old_history(brok
 def test_an_output_process_got_wrong_is_that_records_failure(broker, bad_output):
     """process() returns an output confluent-kafka cannot take (an int value) or a tuple
     that is no OutputRecord: that record fails like one whose process() raises (retried,
-    then dead-lettered), and the rest of the partition flows. Found by a red-team
-    review: run() used to die with TypeError, and a restart died on the same record."""
+    then dead-lettered), and the rest of the partition flows: run() must not die with
+    TypeError, nor a restart on the same record."""
     source, sink, dlq = (broker.create_topic(1) for _ in range(3))
     _seed(broker, source, [b"a", b"bad", b"c"])
 
@@ -755,7 +755,7 @@ def test_an_output_process_got_wrong_is_that_records_failure(broker, bad_output)
 
 def test_a_recoverer_that_raises_is_tried_again(broker):
     """A custom recoverer raising a non-Kafka exception (its database is away, say) aborts
-    the transaction and is tried again; run() goes on. Found by a red-team review."""
+    the transaction and is tried again; run() goes on."""
     source, sink = (broker.create_topic(1) for _ in range(2))
     _seed(broker, source, [b"bad", b"ok"])
     calls: list[bytes] = []
@@ -781,7 +781,7 @@ def test_a_record_batch_refused_as_a_whole_blames_no_single_input(broker):
     """Three inputs whose outputs each fit the topic's max.message.bytes, but not
     together: librdkafka puts them in one record batch, the broker refuses it, and every
     output fails. No input is dead-lettered for that; one record per transaction, all
-    three commit. Found by a red-team review (all three went to the dead-letter topic)."""
+    three commit (none of the three goes to the dead-letter topic)."""
     source, dlq = broker.create_topic(1), broker.create_topic(1)
     sink = _topic_with_limit(broker, 1500)
     _seed(broker, source, [b"a", b"b", b"c"])

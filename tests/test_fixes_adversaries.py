@@ -1,7 +1,7 @@
-"""Red team 2026-11-23 (evening): attacks on today's DualWriter session fixes (30cbc5a):
-the autocommit check (guarantee 4.2), the MariaDB SET STATEMENT lock (4.8/4.9) with
-identifiers validate_identifier accepts, and engines set up the ways their documentation
-recommends. Kafka is checked with a read_committed consumer, the database with SQL."""
+"""Attacks on DualWriter's session handling: the autocommit check (guarantee 4.2), the
+MariaDB SET STATEMENT lock (4.8/4.9) with identifiers validate_identifier accepts, and
+engines set up the ways their documentation recommends. Kafka is checked with a
+read_committed consumer, the database with SQL."""
 
 from __future__ import annotations
 
@@ -200,8 +200,9 @@ def test_mariadb_body_switching_autocommit_on_is_reported(
     MySQL/MariaDB commits the open transaction, the state-row lock with it), then fails
     or returns. What it wrote before cannot be rolled back; the writer aborts Kafka and
     raises ConfigurationError saying so (the body's own error chained), never a silent
-    divergence (guarantee 4.2; the body must leave the transaction to the writer). Found
-    by the red team: the row stayed committed, Kafka aborted, and nothing said so."""
+    divergence (guarantee 4.2; the body must leave the transaction to the writer): the
+    row staying committed while Kafka aborts, with nothing said, is the failure guarded
+    against."""
     topic = broker.create_topic()
     table = f"ac_{uuid.uuid4().hex[:8]}"
     engine = create_engine(database_url(mariadb_jdbc, None, None))

@@ -849,7 +849,7 @@ def test_a_mysql_handshake_with_a_silent_server_fails_instead_of_hanging(silent_
 
 
 def test_dual_writer_start_against_a_silent_mysql_port_fails(broker, silent_port):
-    """The red team's hang: DualWriter(...).start() with a jdbc:mysql URL pointing at a
+    """The hang guarded against: DualWriter(...).start() with a jdbc:mysql URL pointing at a
     port that accepts and never answers, PyMySQL's default connect_timeout (10 s)."""
     conf = {"bootstrap.servers": broker.bootstrap_servers,
             "transactional.id": f"silent-{uuid.uuid4().hex[:8]}"}  # fmt: skip

@@ -134,7 +134,7 @@ def _ports(proxy: KafkaProxy) -> set[int]:
 def test_one_way_delay_on_every_byte_keeps_the_stack_working(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
-    """``delay_ms`` (the latency benchmarks' knob, issue 13) delays both directions of
+    """``delay_ms`` (the latency benchmarks' knob) delays both directions of
     every connection; a transaction and a read through it still work."""
     with KafkaProxy(broker.bootstrap_servers, delay_ms=20) as slow:
         with TransactionalProducer(_via(producer_config, slow)) as producer:

@@ -1,6 +1,6 @@
 """Two-phase commit on one producer against its adversaries: threads sending while another
 thread prepares, a commit that fails after the decision, and a prepare that fails inside
-the coordinator call. Each schedule is a test (issue 9, scenarios 2, 3 and 5)."""
+the coordinator call. Each schedule is a test (scenarios 2, 3 and 5 below)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """prepare_transaction() asks the coordinator (DescribeTransactions) while its flush runs
-when the coordinator is a millisecond or more away (issue 13): the answer is used only
+when the coordinator is a millisecond or more away: the answer is used only
 when it shows this transaction, and anything else (an answer that overtook the
 transaction's AddPartitionsToTxn, an error) is asked again the ordinary way. Run through
 tests/kafka_proxy.py, which puts the coordinator's answers 5 ms away and holds back or

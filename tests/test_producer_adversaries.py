@@ -1,12 +1,12 @@
-"""Red-team tests (2026-11-23) of TransactionalProducer's promises under adversaries:
+"""Adversarial tests of TransactionalProducer's promises:
 a signal's exception at any point of begin_transaction(), a user callback raising while
 close() aborts after a fatal error, another thread or a zombie during begin's wait.
 
 Each test builds its schedule on the local broker (``broker`` fixture), through
 tests/kafka_proxy.py where the coordinator must answer something the broker would not,
-and checks Kafka with kafka-python's read_committed consumer (tests/rig.py). Nine of them
-broke a promise when written and guard the fixes; the one kept as a strict xfail shows a
-documented non-guarantee (its reason says why).
+and checks Kafka with kafka-python's read_committed consumer (tests/rig.py). Each test
+guards the promise it names; the one kept as a strict xfail shows a documented
+non-guarantee (its reason says why).
 """
 
 from __future__ import annotations

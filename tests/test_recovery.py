@@ -279,7 +279,7 @@ def test_prepared_transaction_timed_out_is_divergence(broker, topic, producer_co
 def test_next_transaction_timed_out_means_the_stored_one_was_committed(
     broker, topic, producer_config
 ):
-    """Issue 9, scenario 4: the stored transaction committed, the process died before
+    """Scenario 4: the stored transaction committed, the process died before
     storing it completed, and Kafka then timed out the NEXT transaction (Apache: epoch
     e+1, CompleteAbort, a later start). That later transaction needs the stored one to
     have ended, and a prepared transaction is never aborted by this library, so recovery
@@ -303,7 +303,7 @@ def test_next_transaction_timed_out_means_the_stored_one_was_committed(
 
 
 def test_expired_transactional_id_is_unknowable(broker, topic, producer_config):
-    """Issue 9, scenario 4: a committed transaction whose state was never stored
+    """Scenario 4: a committed transaction whose state was never stored
     completed, and an id idle past transactional.id.expiration.ms, which Apache Kafka
     then answers with TRANSACTIONAL_ID_NOT_FOUND (TransactionCoordinator
     .handleDescribeTransactions; noida-db never expires ids, so the proxy answers it).
@@ -372,7 +372,7 @@ def test_end_txn_refused_after_the_transaction_timed_out_is_divergence(
 
 
 def test_zombie_running_during_recovery_is_reported_not_hidden(broker, topic, producer_config):
-    """Issue 9, scenario 8. DescribeTransactions -> EndTxn is check-then-act: the original
+    """Scenario 8. DescribeTransactions -> EndTxn is check-then-act: the original
     producer, still alive, commits the stored transaction and begins its next one in
     between, and recovery's EndTxn (same producer id and epoch) commits that next one,
     which its database never decided. Recovery cannot prevent this (the caller must stop

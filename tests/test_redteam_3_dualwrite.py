@@ -1,12 +1,11 @@
-"""Red-team tests (third pass) on today's DualWriter and Spark sink changes: the
-narrow-state-column check at start(), the BEGIN + state-row lock sent as one simple query
-with client-rendered literals cached per pooled connection (28a6754), and writers
-sharing one engine. Real broker, PostgreSQL, MariaDB; no mocks. Every finding of this
-pass is fixed and its test guards the fix (3a0dfd6: the TINYTEXT state column, start()
-after a resolve() another writer overtook, psycopg connections that prepare every
-statement; then a state column named in other case, resolve() of a state stored in
-another spelling, an interruption while autocommit is restored after COMMIT); the other
-tests show an adversary the promise holds against."""
+"""Adversarial tests of DualWriter and the Spark sink: the narrow-state-column check at
+start(), the BEGIN + state-row lock sent as one simple query with client-rendered
+literals cached per pooled connection, and writers sharing one engine. Real broker,
+PostgreSQL, MariaDB; no mocks. Some tests guard a promise against a specific schedule
+(the TINYTEXT state column, start() after a resolve() another writer overtook, psycopg
+connections that prepare every statement, a state column named in other case, resolve()
+of a state stored in another spelling, an interruption while autocommit is restored
+after COMMIT); the other tests show an adversary the promise holds against."""
 
 from __future__ import annotations
 
@@ -229,12 +228,12 @@ def test_two_writers_resolving_one_divergence_resend_it_once(
 
 
 # ---------------------------------------------------------------------------------------
-# 4.14: BEGIN and the lock as one simple query (28a6754). psycopg prepares a query once it
+# 4.14: BEGIN and the lock as one simple query. psycopg prepares a query once it
 # has run ``prepare_threshold`` times on a connection (default 5; it gives up on a query
 # that turned out to hold several statements); with ``prepare_threshold=0`` it prepares
 # every query at its first run, and PostgreSQL refuses to prepare "BEGIN; SELECT ...".
-# Before 28a6754 the two went as two statements of a pipeline, which such a connection
-# prepares one by one.
+# Sent as two statements of a pipeline, the two would be prepared one by one by such a
+# connection.
 # ---------------------------------------------------------------------------------------
 
 
@@ -421,7 +420,7 @@ def test_postgresql_writers_taking_turns_on_one_pooled_connection_keep_their_own
 
 
 # ---------------------------------------------------------------------------------------
-# 4.2 with writers sharing one engine (a Python worker's kept writers, 6741861): each
+# 4.2 with writers sharing one engine (a Python worker's kept writers): each
 # writer's RollbackWatch listens on the same engine. Writer B's body catches an error
 # after which SQLite rolled the whole transaction back (a trigger's RAISE(ROLLBACK)) and
 # goes on; writer A, registered on the same engine and run just before on the same

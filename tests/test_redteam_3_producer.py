@@ -1,4 +1,4 @@
-"""Red-team tests, third pass (2026-11-23), of the producer, two-phase commit and the
+"""Adversarial tests of the producer, two-phase commit and the
 coordinator client, written from the promises only (README, docs/guarantees.md,
 docs/errors.md, docs/two-phase-commit.md).
 
@@ -7,8 +7,8 @@ where the coordinator must answer something the broker would not (a well-framed
 DescribeTransactions or FindCoordinator answer whose content is not what was asked), and
 checks Kafka with kafka-python's read_committed consumer (tests/rig.py).
 
-Every finding of this pass is fixed, and its test guards the fix; the other tests
-show an adversary under which the promise holds.
+Some tests guard a promise against a malformed coordinator answer or a badly timed
+signal; the others show an adversary under which the promise holds.
 """
 
 from __future__ import annotations
@@ -89,8 +89,10 @@ _NULL_TOPICS = pytest.param(_null_topics, id="null_topics")
 def test_recovery_with_a_describe_answer_of_the_wrong_length_is_unknown(
     broker: Broker, proxy: KafkaProxy, topic: str, txn_id: str, edit: Any
 ) -> None:
-    """none/two broke 3.9 and errors.md when written (a bare ValueError); fixed in
-    6d55e94."""
+    """Guarantee 3.9 and errors.md: a DescribeTransactions answer listing no transaction,
+    two, or one with null topics makes recovery raise TransactionOutcomeUnknownError (not
+    a bare ValueError), and the same call settles the transaction once the coordinator
+    answers."""
     crashed, state = _prepared_on_proxy(broker, proxy, topic, txn_id)
     crashed.close(timeout=5)  # leaves the prepared transaction open, as a crash would
     fresh = TransactionalProducer(
@@ -114,7 +116,8 @@ def test_recovery_with_a_describe_answer_of_the_wrong_length_is_unknown(
 def test_prepare_with_a_describe_answer_listing_nothing_is_abortable(
     broker: Broker, proxy: KafkaProxy, topic: str, txn_id: str
 ) -> None:
-    """Broke errors.md / two-phase-commit.md when written (a bare ValueError); fixed in 6d55e94."""
+    """errors.md / two-phase-commit.md: a DescribeTransactions answer listing nothing makes
+    prepare raise TransactionAbortableError (not a bare ValueError)."""
     producer = TransactionalProducer(
         txn_config(proxy.bootstrap_servers, txn_id, two_phase=True), operation_timeout=3
     )
@@ -144,7 +147,8 @@ def _no_coordinators(request: Any, response: Any) -> None:
 def test_recovery_with_a_find_coordinator_answer_listing_nothing_is_unknown(
     broker: Broker, proxy: KafkaProxy, topic: str, txn_id: str
 ) -> None:
-    """Broke 3.9 when written (a bare IndexError); fixed in 6d55e94."""
+    """Guarantee 3.9: a FindCoordinator answer listing no coordinator makes recovery raise
+    a KafkaTxnError (not a bare IndexError), and the same call settles it later."""
     crashed, state = _prepared_on_proxy(broker, proxy, topic, txn_id)
     crashed.close(timeout=5)
     fresh = TransactionalProducer(
@@ -182,8 +186,9 @@ def _raise_when_returning(code: Any) -> Any:
 def test_a_signal_as_prepares_early_describe_is_sent_leaves_prepare_bounded(
     broker: Broker, topic: str, txn_id: str
 ) -> None:
-    """Broke two-phase-commit.md's deadline and 1.6 when written (prepare waited forever on
-    the connection's lock); fixed in 6d55e94."""
+    """two-phase-commit.md's deadline and guarantee 1.6: a signal as prepare's early
+    DescribeTransactions is sent leaves the next prepare bounded by its deadline (it must
+    not wait forever on the connection's lock)."""
     with KafkaProxy(broker.bootstrap_servers, delay_ms=3) as slow:
         producer = TransactionalProducer(
             txn_config(slow.bootstrap_servers, txn_id, two_phase=True), operation_timeout=5

@@ -1,4 +1,4 @@
-"""Red-team round 4: DualWriter and recovery by a fresh process (docs/guarantees.md
+"""Adversarial schedules: DualWriter and recovery by a fresh process (docs/guarantees.md
 sections 3 and 4, "What the caller must guarantee"). Each test is one schedule, checked
 with an independent read_committed consumer (kafka-python, tests/rig.py) and direct SQL;
 a strict xfail marks a documented promise that the schedule breaks."""

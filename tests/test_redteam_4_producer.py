@@ -1,9 +1,9 @@
-"""Red-team round 4: TransactionalProducer, two-phase commit and the exactly-once loop
+"""Adversarial schedules: TransactionalProducer, two-phase commit and the exactly-once loop
 (docs/guarantees.md sections 1, 2 and 6, docs/errors.md, docs/eos.md,
 docs/two-phase-commit.md, README.md). Each test is one schedule, on the real broker
 (checked with an independent read_committed consumer, kafka-python, tests/rig.py) where
-the broker can play it, else on librdkafka's mock cluster (kafka_txn.testing); a strict
-xfail marked a documented promise that the schedule broke (all three fixed since)."""
+the broker can play it, else on librdkafka's mock cluster (kafka_txn.testing), against
+a documented promise."""
 
 from __future__ import annotations
 

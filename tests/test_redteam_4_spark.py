@@ -1,4 +1,4 @@
-"""Red-team round 4 (the PySpark sink and what it relies on): schedules against the
+"""The PySpark sink and what it relies on, under adversaries: schedules against the
 documented promises of docs/guarantees.md section 5 and docs/spark.md, in Spark local
 mode (the session-wide ``spark`` fixture), on the local broker, checked with kafka-python's
 read_committed consumer and direct SQL. A strict xfail marks a documented promise that

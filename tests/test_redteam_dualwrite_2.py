@@ -1,9 +1,9 @@
-"""Red-team tests (second pass) on DualWriter, recovery, the recover CLI, JDBC URLs and the
+"""Adversarial tests of DualWriter, recovery, the recover CLI, JDBC URLs and the
 Spark sink: schedules aimed at the promises of docs/guarantees.md section 4,
 docs/dual-write.md and docs/operations.md. Real broker, PostgreSQL, MariaDB and SQLite;
-no mocks. A test that shows a broken promise is a strict xfail naming the promise.
-Every finding of this pass is fixed; each test now guards its fix. The whole-transaction
-rollback schedules found here live in tests/test_dualwrite_rollbacks.py."""
+no mocks. A test that shows a broken promise is a strict xfail naming the promise;
+the others guard the promise they name. The whole-transaction rollback schedules live
+in tests/test_dualwrite_rollbacks.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Red-team tests, second pass (2026-11-23), of the producer, two-phase commit and the
+"""Adversarial tests of the producer, two-phase commit and the
 exactly-once loop, written from the promises only (README, docs/guarantees.md,
 docs/errors.md, docs/two-phase-commit.md, docs/eos.md).
 
@@ -12,8 +12,8 @@ CPython right after that call returns; ``raise_after_c_call`` (tests/adversary_s
 stands for it, and a signal handler that calls ``close()`` is a profile function that does so.
 
 Tests marked strict xfail show a promise still broken; their reason names it. The
-others broke a promise when written and were fixed since (their docstring says where),
-or show an adversary under which the promise holds.
+others guard a promise against the adversary their docstring names, or show an
+adversary under which the promise holds.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _order_commits_once_or_is_refused(
 def test_a_send_that_raised_on_a_signal_is_not_in_the_prepared_transaction(
     broker: Broker, topic: str, two_phase_config: dict[str, Any]
 ) -> None:
-    """Broke guarantee 2.1 when written; fixed in e7b6c51."""
+    """Guarantee 2.1: a send that raised on a signal is not in the prepared transaction."""
     producer = TransactionalProducer(two_phase_config, operation_timeout=20)
     try:
         producer.init_transactions()
@@ -109,7 +109,8 @@ def test_a_send_interrupted_as_it_returns_is_not_in_the_prepared_transaction(
 def test_complete_again_after_a_signal_right_after_recoverys_init_returns_the_outcome(
     broker: Broker, topic: str, two_phase_config: dict[str, Any]
 ) -> None:
-    """Broke guarantee 3.8, 1.6 when written; fixed in e7b6c51."""
+    """Guarantees 3.8 and 1.6: after a signal right after recovery's init, calling
+    complete_transaction() again returns the outcome."""
     # leaves the prepared transaction open, as a crash would
     stored = str(prepared_then_crashed(two_phase_config, topic, b"decided"))
     fresh = TransactionalProducer(two_phase_config, operation_timeout=20)
@@ -135,7 +136,8 @@ def test_complete_again_after_a_signal_right_after_recoverys_init_returns_the_ou
 def test_init_again_after_a_signal_right_after_librdkafkas_init_leaves_a_usable_producer(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
-    """Broke guarantee 1.6 when written; fixed in e7b6c51."""
+    """Guarantee 1.6: after a signal right after librdkafka's init, calling
+    init_transactions() again leaves a usable producer."""
     producer = TransactionalProducer(producer_config, operation_timeout=20)
     try:
         interrupt_after("init_transactions", producer.init_transactions)
@@ -212,7 +214,8 @@ _LOST_ANSWERS = pytest.mark.parametrize(
 def test_a_commit_the_coordinator_applied_is_never_reported_as_failed(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str, code: int
 ) -> None:
-    """Broke README/errors.md CommitFailedException when written; fixed in 12e21bf."""
+    """README/errors.md, CommitFailedException: a commit the coordinator applied is never
+    reported as failed when a timeout or network error replaces its answer."""
     producer = TransactionalProducer(
         txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
     )
@@ -235,7 +238,8 @@ def test_a_commit_the_coordinator_applied_is_never_reported_as_failed(
 def test_processor_outputs_once_when_the_commits_answer_is_lost_after_it_applied(
     broker: Broker, proxy: KafkaProxy, txn_id: str
 ) -> None:
-    """Broke 6.1 when written; fixed in 12e21bf, 9a92e0c."""
+    """Guarantee 6.1: the processor outputs each input once when the commit's answer is
+    lost after the coordinator applied it."""
     source, sink = three_inputs(broker, txn_id)
     processor = prefixing_processor(broker, proxy.bootstrap_servers, txn_id, source, sink)
     proxy.fail(ApiKey.END_TXN, KafkaError.REQUEST_TIMED_OUT, forward=True, times=1)
@@ -255,7 +259,8 @@ def test_processor_outputs_once_when_the_commits_answer_is_lost_after_it_applied
 def test_a_resumed_prepared_commit_with_a_short_timeout_gets_the_retry_floor(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
-    """Broke guarantee 1.9 when written; fixed in e7b6c51."""
+    """Guarantee 1.9: a resumed prepared commit with a short timeout gets the retry
+    floor."""
     producer = TransactionalProducer(
         txn_config(proxy.bootstrap_servers, txn_id, two_phase=True), operation_timeout=30
     )
@@ -283,7 +288,8 @@ def test_a_resumed_prepared_commit_with_a_short_timeout_gets_the_retry_floor(
 def test_a_state_of_another_cluster_is_refused_when_the_cluster_id_cannot_be_read(
     broker: Broker, topic: str, proxy: KafkaProxy, two_phase_config: dict[str, Any]
 ) -> None:
-    """Broke 3.6 when written; fixed in 2fdb738."""
+    """Guarantee 3.6: a state of another cluster is refused when the cluster id cannot be
+    read."""
     crashed = TransactionalProducer(two_phase_config, operation_timeout=20)
     crashed.init_transactions()
     crashed.begin_transaction()
@@ -331,8 +337,7 @@ def test_a_state_of_another_cluster_is_refused_when_the_cluster_id_cannot_be_rea
 def test_recovery_that_raises_committed_nothing(
     broker: Broker, topic: str, proxy: KafkaProxy, two_phase_config: dict[str, Any]
 ) -> None:
-    """Broke two-phase-commit.md ('If recovery raises, it committed nothing') when
-    written; fixed in 12e21bf."""
+    """two-phase-commit.md: 'If recovery raises, it committed nothing'."""
     stored = prepared_then_crashed(two_phase_config, topic, b"decided")
     fresh = TransactionalProducer(
         {**two_phase_config, "bootstrap.servers": proxy.bootstrap_servers}, operation_timeout=10
@@ -408,7 +413,7 @@ def test_an_init_that_timed_out_says_it_may_have_fenced(
 def test_a_state_of_another_cluster_never_aborts_a_prepared_transaction(
     broker: Broker, topic: str, proxy: KafkaProxy, two_phase_config: dict[str, Any]
 ) -> None:
-    """Broke 2.5 when written; fixed in 2fdb738."""
+    """Guarantee 2.5: a state of another cluster never aborts a prepared transaction."""
     producer = TransactionalProducer(
         {**two_phase_config, "bootstrap.servers": proxy.bootstrap_servers}, operation_timeout=20
     )
@@ -476,8 +481,8 @@ def test_a_prepared_commit_applied_but_answered_with_an_error_is_recovered_once(
 def test_close_from_a_signal_handler_during_produce_aborts_the_transaction(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
-    """Broke close() ('An open transaction is aborted within timeout') and 1.6 when
-    written; fixed in 2a9b3ff."""
+    """close() ('An open transaction is aborted within timeout') and guarantee 1.6: close()
+    from a signal handler during produce aborts the transaction."""
     producer = TransactionalProducer(producer_config, operation_timeout=20)
     closed: list[str] = []
 

@@ -89,7 +89,7 @@ def test_the_run_names_the_broker_that_ran(broker: Broker) -> None:
 
 
 def test_every_broker_facing_test_is_a_conformance_test() -> None:
-    """``pytest -m conformance`` selects exactly the tests that use the broker (issue 14):
+    """``pytest -m conformance`` selects exactly the tests that use the broker:
     a test asking for it through another fixture is selected, a pure one is not."""
     listed = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "conformance",

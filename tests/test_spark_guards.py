@@ -224,8 +224,8 @@ def test_a_replayed_partition_does_no_commit_cycle_and_fires_no_steps(
 # ------------------------------------------------------------------ fresh database, many tasks
 def test_the_first_batch_on_a_fresh_database_needs_no_retry(spark, broker, jdbc_url, tmp_path):
     """Eight partitions on a database with none of the sink's tables, the state table
-    included: every task's first attempt succeeds (a DDL race used to fail some, and
-    Spark's retries hid it)."""
+    included: every task's first attempt succeeds (a DDL race would fail some, and
+    Spark's retries would hide it)."""
     topic = broker.create_topic(partitions=2)
     table = f"guard_{uuid.uuid4().hex[:10]}"
     steps = tmp_path / "steps"
@@ -287,7 +287,7 @@ def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(
     The leftover attempt then refuses to write, so no row is written twice: the driver
     settled the ids above the replay's count before it (``Ledger.beyond``), which fenced
     it; and, that settling left out, the batch was recorded again with another shape,
-    which its guard reads. Found by a red-team review."""
+    which its guard reads."""
     if not driver_settles:
         monkeypatch.setattr(Ledger, "beyond", lambda self, partitions: [])
     topic = broker.create_topic()
@@ -332,8 +332,8 @@ def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(
 
 
 def test_binary_headers_reach_kafka(spark, broker, postgres_jdbc):
-    """Spark hands binary header values over as bytearray; they are sent as bytes.
-    Found by a red-team review (every batch with headers used to fail)."""
+    """Spark hands binary header values over as bytearray; they are sent as bytes (a
+    bytearray header would fail every batch with headers)."""
     topic = broker.create_topic()
     table = f"guard_{uuid.uuid4().hex[:10]}"
     sink = _sink(broker, postgres_jdbc, topic=topic, dbtable=table)

@@ -1,5 +1,5 @@
 """The PySpark sink with ``spark.speculation=true`` and a task killed after its database
-commit, while a speculative copy of it runs (issue 10).
+commit, while a speculative copy of it runs.
 
 Spark launches a speculative copy only on a host where the task has not run an attempt
 (``TaskSetManager.dequeueTaskFromList``: ``!(speculative && hasAttemptOnHost(index,

@@ -152,7 +152,7 @@ def test_recovering_state_allows_only_settling(broker, topic, producer_config):
 
 def test_no_record_goes_before_the_start_time_spacing_wait_ends(broker, topic, producer):
     """begin_transaction() waits out the start-time spacing after librdkafka's own begin
-    (issue 13: the wait covers that handoff). Until the wait ends, produce() and send()
+    (the wait covers that handoff). Until the wait ends, produce() and send()
     from another thread are refused: a record sent then could register the partition,
     and so stamp the transaction's start time, within the previous one's millisecond."""
     first = _committed_transaction(producer, topic, b"first")

@@ -42,9 +42,10 @@ START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 
 # Settings every broker of the rig gets: one replica of the internal topics (one broker),
-# no initial rebalance delay, and few partitions of the internal topics (their creation
-# on first use is what the first transactional producer waits for). Everything else is
-# Apache Kafka's default, so that tests meet what users run.
+# no initial rebalance delay, a frequent check for timed-out transactions, and few
+# partitions of the internal topics (their creation on first use is what the first
+# transactional producer waits for). Everything else is Apache Kafka's default, so that
+# tests meet what users run.
 _BASE_PROPERTIES = {
     "process.roles": "broker,controller",
     "node.id": "1",
@@ -58,6 +59,9 @@ _BASE_PROPERTIES = {
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
+    # A transaction past its transaction.timeout.ms is aborted within a second, not ten:
+    # tests that let the coordinator time one out wait less (the timeouts are unchanged).
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
     "num.partitions": "1",
     "auto.create.topics.enable": "true",
 }

@@ -759,11 +759,18 @@ def _diverged(
     broker: Any, jdbc_url: str, txn_id: str
 ) -> tuple[str, Table, dict[str, Any], PreparedTxnState]:
     """The writer's recipe, with Kafka aborting after the database decided: the row
-    ``lost`` is in the database, not in Kafka."""
+    ``lost`` is in the database, not in Kafka. On Apache Kafka the coordinator aborts it
+    as it does in production: the transaction outlives its transaction.timeout.ms
+    (``TransactionCoordinator.abortTimedOutTransactions`` bumps the epoch and aborts).
+    noida-db times no transaction out: there the prepared producer aborts it itself,
+    under the stored epoch (a divergence only a caller aborting after the database
+    committed can make)."""
     topic = broker.create_topic()
     events = events_table(f"events_{uuid.uuid4().hex[:10]}")
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-    writer = DualWriter(conf, jdbc_url, mark_completed_after=None)
+    timed_out = broker.kind != "noida"
+    short = {**conf, "transaction.timeout.ms": 4000} if timed_out else conf
+    writer = DualWriter(short, jdbc_url, mark_completed_after=None)
     events.create(writer.engine, checkfirst=True)
     writer.start()
     writer.producer.begin_transaction()
@@ -776,8 +783,15 @@ def _diverged(
             .where(writer.state_table.c.transactional_id == txn_id)
             .values(prepared_txn_state=str(state))
         )
-    writer.producer.abort_transaction()
-    writer.close()
+    if timed_out:
+        writer.close()  # leaves the prepared transaction to the coordinator's timeout
+        deadline = time.monotonic() + 60
+        while broker.open_partitions(topic):
+            assert time.monotonic() < deadline, "the coordinator did not abort it in 60 s"
+            time.sleep(0.25)
+    else:
+        writer.producer.abort_transaction()
+        writer.close()
     return topic, events, conf, state
 
 

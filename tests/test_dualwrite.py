@@ -795,6 +795,17 @@ def _diverged(
     return topic, events, conf, state
 
 
+# noida-db times no transaction out, so there _diverged() makes the divergence with the
+# producer's own abort under the stored epoch: docs/guarantees.md, "not guaranteed".
+_CALLER_MADE_DIVERGENCE = pytest.mark.xfail(
+    strict=True,
+    reason="not guaranteed (docs/guarantees.md: a divergence the caller made by aborting "
+    "a prepared transaction itself): after a writer's start() moved the epoch on by one "
+    "and its re-send aborted under it, Kafka shows what a committed transaction followed "
+    "by a timed-out one shows (row 11), and the next start() reports it committed",
+)
+
+
 def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_url, txn_id):
     """The database committed a transaction that Kafka aborted (as when the coordinator
     times it out). start() reports the divergence and keeps reporting it; after
@@ -835,13 +846,15 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
 
 
 def test_a_writer_stopped_between_resolve_and_the_resend_leaves_the_divergence_reported(
-    broker, jdbc_url, txn_id
+    broker, jdbc_url, txn_id, request
 ):
     """4.12 with the process gone after resolve() and start() but before the transaction
     that re-sends the records committed (its body failed, then the writer closed): the
     state row still holds the diverged state, so the next writer's start() reports the
     divergence again, and resolving it then and re-sending once leaves the database rows
     equal to what a read_committed consumer sees."""
+    if broker.kind == "noida":
+        request.applymarker(_CALLER_MADE_DIVERGENCE)
     topic, events, conf, state = _diverged(broker, jdbc_url, txn_id)
     first = DualWriter(conf, jdbc_url)
     try:

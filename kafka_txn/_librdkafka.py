@@ -18,7 +18,7 @@ import tenacity
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from .classification import classify, exception_for, produce_failure
+from .classification import AUTHENTICATION_CODES, classify, exception_for, produce_failure
 from .delivery import Deliveries
 from .errors import (
     CommitFailedException,
@@ -112,6 +112,11 @@ class Driver:
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
         self._user_error_cb = user_error_cb
+        self.refused_login: KafkaError | None = None
+        """librdkafka's latest report of a refused SASL login (``AUTHENTICATION_CODES``,
+        through error_cb, served by ``poll``): no call returns it, librdkafka logs in
+        again and again meanwhile. Recovery reads it while it waits for a broker, and
+        consumes it (``TwoPhase._cluster_while_recovering``)."""
 
     @property
     def operation_timeout(self) -> float:
@@ -327,15 +332,17 @@ class Driver:
             return None
         return failure
 
-    def serve_error_callbacks(self) -> None:
+    def serve_error_callbacks(self, timeout: float = 0) -> None:
+        """Serve the callbacks librdkafka queued (error_cb's reports among them), waiting
+        up to ``timeout`` seconds for the first; nothing they raise escapes."""
         try:
-            self.producer.poll(0)
+            self.producer.poll(timeout)
         except Exception as exc:
-            log.debug("poll(0) after a failed call raised %r", exc)
+            log.debug("poll(%g) after a failed call raised %r", timeout, exc)
         except BaseException:
             raise
         except:  # noqa: E722 - a KafkaError raised as itself: see _derailed
-            log.debug("poll(0) after a failed call raised %r", sys.exc_info()[1])
+            log.debug("poll(%g) after a failed call raised %r", timeout, sys.exc_info()[1])
 
     def on_call_error(self, exc: KafkaException, operation: str) -> KafkaTxnError:
         """Translate a confluent-kafka exception from ``operation`` and move the
@@ -398,6 +405,8 @@ class Driver:
 
     def on_error(self, err: KafkaError) -> None:
         # confluent-kafka hands error_cb the underlying error of a _FATAL, flagged fatal().
+        if err.code() in AUTHENTICATION_CODES:
+            self.refused_login = err
         if err.fatal() and self.life.fatal is None:
             fatal = exception_for(err, "producer")
             if isinstance(fatal, FatalError):

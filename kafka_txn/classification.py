@@ -33,6 +33,7 @@ from .errors import (
 )
 
 __all__ = [
+    "AUTHENTICATION_CODES",
     "ERROR_TABLE",
     "ErrorRule",
     "classify",
@@ -333,11 +334,27 @@ def classify(err: KafkaError) -> tuple[ErrorCategory, FailureType]:
 _FENCED_CODES: Final = frozenset(
     {KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 )
+AUTHENTICATION_CODES: Final = frozenset(
+    {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
+)
+"""A refused SASL login. librdkafka reports one only through ``error_cb``
+(``rd_kafka_broker_fail(..., RD_KAFKA_RESP_ERR__AUTHENTICATION, ...)``: the broker's
+SaslAuthenticate error message, a mechanism the broker's SaslHandshake does not list, a
+token ``oauth_cb`` could not give) and never as a call's result: it reconnects and logs
+in again with the same settings, so a call that needs a broker meanwhile just times out
+(``_TIMED_OUT``, ``_TRANSPORT``). Retrying cannot help; the report is the error."""
 _ADVICE: Final = {
     F: "the producer is unusable: close it (and its consumer) and create a new one",
     A: "abort the transaction, rewind the inputs, and retry in a new transaction",
     R: "transient; retry the call",
 }
+_SASL_ADVICE: Final = (
+    "the broker refused this client's SASL login, and logging in again with the same "
+    "settings is refused again: check sasl.username and sasl.password (Apache Kafka "
+    "answers an unknown SCRAM user exactly as a wrong password), or the token oauth_cb "
+    "returns for OAUTHBEARER, and sasl.mechanism (it must be one of the broker's "
+    "sasl.enabled.mechanisms), then create the producer with the corrected settings"
+)
 # Codes whose fix is a setting, not a new producer: what to change, said in place of the
 # category's advice. librdkafka's text for INVALID_TRANSACTION_TIMEOUT names the broker
 # setting max.transaction.timeout.ms, which does not exist (Apache Kafka's
@@ -350,6 +367,7 @@ _CODE_ADVICE: Final = {
         "on every broker; the producer is unusable: close it and create one with the "
         "corrected setting"
     ),
+    **dict.fromkeys(AUTHENTICATION_CODES, _SASL_ADVICE),
 }
 
 

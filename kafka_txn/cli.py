@@ -61,7 +61,7 @@ from ._cli_terminal import Deadline, NotConfirmedError, ask, configure_logging, 
 from .config import DEFAULT_TRANSACTION_TIMEOUT_MS, validate_config
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
 from .coordinator.client import TransactionDescription
-from .coordinator.connection import AuthenticationError, ProtocolError
+from .coordinator.connection import AuthenticationError, ProtocolError, SaslAuthenticationError
 from .errors import (
     ConfigurationError,
     KafkaTxnError,
@@ -220,10 +220,16 @@ def _describe_id(
                 f"and did not connect: {detail} (-X ssl.ca.location, ssl.ca.pem, "
                 "ssl.endpoint.identification.algorithm)",
             ) from exc
+        settings = (
+            # The broker refused the login (credentials, mechanism), not a TLS certificate.
+            "-X sasl.username, sasl.password and sasl.mechanism (Apache Kafka answers an "
+            "unknown user exactly as a wrong password)"
+            if isinstance(exc, SaslAuthenticationError)
+            else "the -X sasl.* and ssl.* settings"
+        )
         raise _CommandError(
             EXIT_FAILED,
-            f"the broker at {servers} refused to authenticate kafka-txn ({exc}): check the "
-            "-X sasl.* and ssl.* settings",
+            f"the broker at {servers} refused to authenticate kafka-txn ({exc}): check {settings}",
         ) from exc
     except ProtocolError as exc:
         # Retried until the deadline, unless retrying cannot help: a peer that is not

@@ -28,7 +28,12 @@ from .classification import exception_for
 from .config import ValidatedConfig
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
 from .coordinator.client import DescribeAhead, TransactionDescription
-from .coordinator.connection import AuthenticationError, NotKafkaError, ProtocolError
+from .coordinator.connection import (
+    AuthenticationError,
+    NotKafkaError,
+    ProtocolError,
+    SaslAuthenticationError,
+)
 from .delivery import Deliveries
 from .errors import (
     ConfigurationError,
@@ -83,10 +88,11 @@ librdkafka's flush() counts whole milliseconds (confluent-kafka truncates the ti
 a shorter slice would be a flush(0) that polls without waiting."""
 
 _METADATA_SLICE_S = 0.25
-"""The cluster id is read with librdkafka Metadata calls this long, librdkafka's callbacks
-served between them: a SASL login the broker refuses is reported only through error_cb
-(``classification.AUTHENTICATION_CODES``) while a Metadata call waits for a broker it can
-use, so one call as long as the deadline would hear of the refusal only at the end."""
+"""While no broker is usable, the cluster id is read with librdkafka Metadata calls this
+long, librdkafka's callbacks served between them: a SASL login the broker refuses is
+reported only through error_cb (``classification.AUTHENTICATION_CODES``) while a Metadata
+call waits for a usable broker, so one call as long as the deadline would hear of the
+refusal only at the end (``TwoPhase._cluster_while_recovering``)."""
 
 # A snapshot whose transaction manager is in one of these states was taken when the
 # producer id and epoch were settled (not mid-init, not mid-abort).
@@ -163,9 +169,14 @@ def coordinator_failure(
     whichever client met it. Otherwise, while preparing, the transaction cannot be
     prepared (abortable); while recovering, a coordinator that stayed unreachable leaves
     the outcome unknown (call again), a peer that is not Kafka is a ConfigurationError,
-    and anything else stops recovery (fatal)."""
+    and anything else stops recovery (fatal). A refused SASL login is librdkafka's
+    ``_AUTHENTICATION``, with the table's advice naming the ``sasl.*`` settings, as when
+    librdkafka's error_cb reports it (``TwoPhase._cluster_while_recovering``)."""
     if isinstance(exc, KafkaTxnError):
         return exc
+    if isinstance(exc, SaslAuthenticationError):
+        reason = f"the coordinator client could not authenticate: {exc}"
+        return exception_for(KafkaError(KafkaError._AUTHENTICATION, reason), operation)
     if isinstance(exc, AuthenticationError):
         err = KafkaError(KafkaError._AUTHENTICATION, str(exc))
         return FatalError(
@@ -271,6 +282,8 @@ class TwoPhase:
         self.recovered: Recovered | None = None
         """Recovery's result while the init after it has not succeeded."""
         self.cluster_id: str | None = None
+        self.cluster_failure: KafkaError | None = None
+        """Why librdkafka's last Metadata for the cluster id failed (for the message)."""
         self.last_start_ms: int | None = None
         self.last_started_by = 0.0
         """A ``time.monotonic()`` by which the last prepared transaction had certainly
@@ -566,28 +579,86 @@ class TwoPhase:
             poll(0.02)
         return self.identity.identity
 
-    def cluster(self, producer: Producer, deadline: float) -> str | None:
-        """The cluster id (read once), to refuse a state from another cluster."""
+    def cluster(
+        self, producer: Producer, deadline: float, operation: str = "prepare_transaction"
+    ) -> str | None:
+        """The cluster id (read once), to refuse a state from another cluster; None when
+        librdkafka's Metadata got no answer by ``deadline`` (at least 1 s from now).
+        Before the first init (recovery, ``_cluster_while_recovering``) a refused SASL
+        login is a ``FatalError`` at once."""
         if self.cluster_id is None:
-            try:
-                metadata = producer.list_topics(timeout=max(1.0, deadline - time.monotonic()))
-                self.cluster_id = metadata.cluster_id
-            except KafkaException as exc:
-                log.warning("could not read the cluster id: %s", exc)
+            end = max(deadline, time.monotonic() + 1.0)
+            if self._life.state is State.RECOVERING:
+                self.cluster_id = self._cluster_while_recovering(producer, end, operation)
+            else:
+                try:
+                    metadata = producer.list_topics(timeout=end - time.monotonic())
+                    self.cluster_id = metadata.cluster_id
+                except KafkaException as exc:
+                    self.cluster_failure = exc.args[0]
+            if self.cluster_id is None:
+                log.warning("could not read the cluster id: %s", self.cluster_failure)
         return self.cluster_id
+
+    def _cluster_while_recovering(
+        self, producer: Producer, end: float, operation: str
+    ) -> str | None:
+        """The cluster id read by a producer that has not reached a broker yet, which is
+        where a SASL login the broker refuses (wrong password, unknown user, a mechanism
+        it does not enable) shows: librdkafka reports it only through error_cb and logs
+        in again with the same settings until ``end``. So while no broker is usable
+        (Metadata fails with ``_TRANSPORT``: ``rd_kafka_metadata`` found no broker up and
+        asked none), Metadata is called for ``_METADATA_SLICE_S`` at a time with error_cb
+        served between the calls, and a report of a refused login (any since the producer
+        was built: nothing reached a broker since) is a ``FatalError`` with the broker's
+        reason (``classification.exception_for``), consuming the report. Once a broker was
+        asked and has not answered (``_TIMED_OUT``: it is up, so logged in), the next call
+        waits for all the time left: a broker answers a connection's requests in turn, so
+        every answer given up on delays the next one."""
+        io = self._io
+        sliced = True
+        while True:
+            began = time.monotonic()
+            wait = min(_METADATA_SLICE_S, end - began) if sliced else end - began
+            try:
+                metadata = producer.list_topics(timeout=max(0.001, wait))
+            except KafkaException as exc:
+                self.cluster_failure = exc.args[0]
+            else:
+                return metadata.cluster_id  # type: ignore[no-any-return]
+            sliced = self.cluster_failure.code() == KafkaError._TRANSPORT
+            # Served until the slice ends, also when Metadata failed at once (a SASL
+            # listener closes the connection of a client that does not log in).
+            until = min(began + _METADATA_SLICE_S, end) if sliced else 0.0
+            while True:
+                io.serve_error_callbacks(max(0.0, until - time.monotonic()))
+                refused, io.refused_login = io.refused_login, None
+                if refused is not None:
+                    raise exception_for(refused, operation) from KafkaException(refused)
+                if time.monotonic() >= until:
+                    break
+            if time.monotonic() >= end:
+                return None
 
     def require_cluster(self, state: PreparedTxnState, operation: str) -> str | None:
         """This cluster's id, to check ``state`` against: a state that names a cluster
         is never decided while this one's id cannot be read (librdkafka's metadata did
         not answer in time), since a state of another cluster could otherwise commit or
-        abort a transaction of this one. Nothing is decided then: call again."""
-        cluster_id = self.cluster(self._io.producer, time.monotonic() + self._deadline_s)
+        abort a transaction of this one. Nothing is decided then: call again. In
+        recovery a SASL login the broker refuses is a ``FatalError`` at once
+        (``_cluster_while_recovering``): reading the id is the first thing recovery asks
+        of a broker."""
+        cluster_id = self.cluster(self._io.producer, time.monotonic() + self._deadline_s, operation)
         if state.cluster_id and cluster_id is None:
+            failure = self.cluster_failure
+            why = "" if failure is None else f" (librdkafka: {failure.str()})"
             raise TransactionOutcomeUnknownError(
                 f"{operation}(): the id of the Kafka cluster could not be read within "
-                f"{self._deadline_s:g}s, so whether the state (prepared on cluster "
+                f"{self._deadline_s:g}s{why}, so whether the state (prepared on cluster "
                 f"{state.cluster_id!r}) belongs to this cluster is unknown. Nothing was "
-                "committed or aborted: call it again once the brokers answer",
+                "committed or aborted: call it again once the brokers answer (if they "
+                "run, check bootstrap.servers, and that security.protocol matches their "
+                "listener)",
                 kafka_error=KafkaError(KafkaError._TIMED_OUT),
                 operation=operation,
             )

@@ -43,6 +43,7 @@ __all__ = [
     "Exchange",
     "NotKafkaError",
     "ProtocolError",
+    "SaslAuthenticationError",
     "TlsDroppedError",
 ]
 
@@ -61,6 +62,12 @@ class ProtocolError(Exception):
 class AuthenticationError(ProtocolError):
     """The broker refused our credentials, mechanism or TLS certificate, or we refused
     the broker's certificate: retrying will not help."""
+
+
+class SaslAuthenticationError(AuthenticationError):
+    """The broker refused the SASL login (SaslHandshake: a mechanism it does not enable;
+    SaslAuthenticate: the credentials or the token), or ``oauth_cb`` gave no usable
+    token: the fix is in the ``sasl.*`` settings (librdkafka's ``_AUTHENTICATION``)."""
 
 
 class DeadlineExceededError(ProtocolError):
@@ -361,6 +368,7 @@ class BrokerConnection:
         self._client_id = client_id.getvalue()
         """The request header's client id, encoded once."""
         self._answered = False
+        self._answers = 0
         self._sock = self._connect()
         try:
             self.versions = self._api_versions()
@@ -471,6 +479,7 @@ class BrokerConnection:
                 ) from exc
             raise ProtocolError(f"unreadable {api.name} v{version} response: {exc}") from exc
         self._answered = True
+        self._answers += 1
         return answer
 
     @contextlib.contextmanager
@@ -490,6 +499,7 @@ class BrokerConnection:
             raise ProtocolError(
                 f"{sent.api.name} to {self.address}: {exc or type(exc).__name__}"
                 + self._first_answer_hint()
+                + self._sasl_listener_hint(sent)
             ) from exc
 
     # ------------------------------------------------------------------ connecting
@@ -598,6 +608,22 @@ class BrokerConnection:
             f"{self._settings.security_protocol.upper()} match it?)"
         )
 
+    def _sasl_listener_hint(self, sent: _Sent) -> str:
+        """For a client that does not log in (no sasl.mechanism) whose connection broke
+        at its first request after ApiVersions: what an Apache Kafka SASL listener does,
+        which answers ApiVersions before the login and closes the connection at any other
+        request (``SaslServerAuthenticator``: "Unexpected Kafka request of type ...
+        during SASL handshake"). A broker shutting down may do the same, so it is only a
+        question, and the request is retried."""
+        if self._settings.sasl_mechanism or self._answers != 1 or sent.api is API_VERSIONS:
+            return ""
+        return (
+            "; it answered ApiVersions and then dropped the next request, as a SASL listener "
+            "does to a client that does not log in: if it is one, set security.protocol="
+            f"SASL_PLAINTEXT or SASL_SSL (not {self._settings.security_protocol.upper()}) "
+            "and sasl.mechanism"
+        )
+
     def _not_kafka(self, head: bytes, sniff: bool = True) -> NotKafkaError:
         """The error for a peer whose answer is not a Kafka response: what it sent,
         read a little further (briefly) to recognise it."""
@@ -630,7 +656,7 @@ class BrokerConnection:
         mechanism = s.sasl_mechanism or ""
         answer = self.request(SASL_HANDSHAKE, 1, {"mechanism": mechanism})
         if answer["error_code"]:
-            raise AuthenticationError(
+            raise SaslAuthenticationError(
                 f"{self.address} does not offer SASL mechanism {mechanism} (enabled: "
                 f"{', '.join(answer['mechanisms']) or 'none'})"
             )
@@ -647,7 +673,7 @@ class BrokerConnection:
             server_final = self._sasl_round(scram.final(server_first))
             scram.verify(server_final)
         except ScramError as exc:
-            raise AuthenticationError(f"SASL {mechanism} failed: {exc}") from exc
+            raise SaslAuthenticationError(f"SASL {mechanism} failed: {exc}") from exc
 
     def _oauthbearer(self) -> None:
         """KIP-255: the client-first message with the token; an empty answer is success.
@@ -656,7 +682,7 @@ class BrokerConnection:
         try:
             token = self._settings.oauth_token()
         except OAuthBearerError as exc:
-            raise AuthenticationError(f"SASL OAUTHBEARER: {exc}") from exc
+            raise SaslAuthenticationError(f"SASL OAUTHBEARER: {exc}") from exc
         challenge = self._sasl_round(client_first_message(token))
         if not challenge:
             return
@@ -665,18 +691,18 @@ class BrokerConnection:
         try:
             self._sasl_round(b"\x01")
         except AuthenticationError as exc:
-            raise AuthenticationError(
+            raise SaslAuthenticationError(
                 f"SASL OAUTHBEARER: {self.address} refused the token from oauth_cb: {detail} "
                 f"({exc})"
             ) from exc
-        raise AuthenticationError(
+        raise SaslAuthenticationError(
             f"SASL OAUTHBEARER: {self.address} refused the token from oauth_cb: {detail}"
         )
 
     def _sasl_round(self, token: bytes) -> bytes:
         answer = self.request(SASL_AUTHENTICATE, 1, {"auth_bytes": token})
         if answer["error_code"]:
-            raise AuthenticationError(
+            raise SaslAuthenticationError(
                 f"SASL authentication with {self.address} failed: "
                 f"{answer['error_message'] or answer['error_code']}"
             )

@@ -435,6 +435,23 @@ def adversary(
         adversary.kill_all()
 
 
+# docs/guarantees.md, "not guaranteed": a start() frozen between its ownership check and
+# its InitProducerId while its database session is terminated fences, once resumed, the
+# transaction the next owner prepared and committed in the database. The next start()
+# reports it: TransactionDivergedError with the epoch bumped once and the start time
+# kept. Transactions here live far less than transaction.timeout.ms (60 s), so no
+# timeout makes that signature; only that fence does, and only it is excused.
+_FROZEN_START = (
+    "not guaranteed (docs/guarantees.md): a start() frozen between its ownership check "
+    "and its InitProducerId while its session was terminated fenced a transaction the "
+    "next owner had committed in the database; the next start() reported the divergence"
+)
+_FROZEN_START_SIGNATURE = (
+    "fatal TransactionDivergedError Kafka aborted the transaction of",
+    "the coordinator bumped the epoch and aborted it",
+)
+
+
 @pytest.mark.timeout(300 + 3 * SECONDS)  # the adversary's run, then the checks and cleanup
 def test_dual_writers_under_an_adversary_never_diverge(
     broker: Broker, proxy: FaultProxy, database: Database, adversary: Adversary
@@ -447,7 +464,10 @@ def test_dual_writers_under_an_adversary_never_diverge(
         adversary.kill_all()  # the writers stop before recovery and the checks
     for w in adversary.writers:
         for tag, code in w.exited:
-            pytest.fail(f"writer {tag} exited with {code} {where}:\n{w.report(tag)}")
+            report = w.report(tag)
+            if all(part in report for part in _FROZEN_START_SIGNATURE):
+                pytest.xfail(f"{_FROZEN_START} {where}:\n{report}")
+            pytest.fail(f"writer {tag} exited with {code} {where}:\n{report}")
 
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": adversary.txn_id}
     try:

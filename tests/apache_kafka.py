@@ -89,6 +89,19 @@ def java_and_maven() -> bool:
     return shutil.which("java") is not None and shutil.which("mvn") is not None
 
 
+def require_java_and_maven() -> None:
+    """Fail (never skip) the calling test when Apache Kafka cannot run here."""
+    if not java_and_maven():
+        import pytest
+
+        pytest.fail(
+            "this test runs Apache Kafka from its Maven artifacts (tests/apache_kafka.py): "
+            "install a JDK 17 or later and Maven and put java and mvn on PATH (Debian: "
+            "apt-get install openjdk-17-jre-headless maven)",
+            pytrace=False,
+        )
+
+
 @cache
 def classpath(version: str = KAFKA_VERSION) -> str:
     """Apache Kafka ``version``'s classpath, resolved by Maven (cached in its local

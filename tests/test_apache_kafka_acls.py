@@ -60,7 +60,7 @@ from kafka_txn import (
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import CoordinatorError, TransactionDescription
 from kafka_txn.twophase import coordinator_failure
-from tests.apache_kafka import ROOT, ApacheKafka, java_and_maven
+from tests.apache_kafka import ROOT, ApacheKafka, require_java_and_maven
 
 SUPER_USER = "admin"
 SUPER_PASSWORD = "admin-secret"
@@ -117,12 +117,7 @@ class SecuredKafka(ApacheKafka):
 # ---------------------------------------------------------------------- the broker
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[SecuredKafka]:
-    if not java_and_maven():
-        pytest.fail(
-            "tests/test_apache_kafka_acls.py runs Apache Kafka 4.4.0 from its Maven "
-            "artifacts: it needs `java` (a JDK, 17 or later) and `mvn` on PATH",
-            pytrace=False,
-        )
+    require_java_and_maven()
     started = SecuredKafka()
     started.start()
     try:

@@ -58,7 +58,7 @@ from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient, Transac
 from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from kafka_txn.errors import FailureType
 from kafka_txn.recovery import Verdict, decide
-from tests.apache_kafka import ApacheKafka, free_port, java_and_maven
+from tests.apache_kafka import ApacheKafka, free_port, require_java_and_maven
 from tests.kafka_proxy import ApiKey, KafkaProxy, Request
 from tests.rig import Broker, transaction_version
 
@@ -122,11 +122,7 @@ class _Kafka:
 def apache_kafka() -> Iterator[Callable[[str], _Kafka]]:
     """The module's brokers by kind (``_KINDS``), each started on first use and all
     stopped at the module's end."""
-    if not java_and_maven():
-        pytest.fail(
-            "these tests run Apache Kafka from its Maven artifacts (tests/apache_kafka.py): "
-            "install a JDK (java) and Maven (mvn) and put them on PATH"
-        )
+    require_java_and_maven()
     started: dict[str, _Kafka] = {}
 
     def get(kind: str) -> _Kafka:

@@ -42,7 +42,7 @@ from confluent_kafka.admin import AdminClient
 from kafka_txn import FatalError, TransactionalProducer
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.eos import ExactlyOnceProcessor
-from tests.apache_kafka import ApacheKafka, java_and_maven
+from tests.apache_kafka import ApacheKafka, require_java_and_maven
 from tests.kafka_proxy import ApiKey, KafkaProxy
 from tests.rig import Broker
 
@@ -65,12 +65,7 @@ _STALL_MAX_POLL_MS = 6000
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[Broker]:
     """An Apache Kafka broker of this module's own (tests/apache_kafka.py)."""
-    if not java_and_maven():
-        pytest.fail(
-            "these tests run Apache Kafka from Maven: install java (17+) and mvn "
-            "(Debian: apt-get install openjdk-17-jre-headless maven)",
-            pytrace=False,
-        )
+    require_java_and_maven()
     server = ApacheKafka(properties=_BROKER_PROPERTIES).start()
     try:
         yield Broker(server.bootstrap_servers, server.description)

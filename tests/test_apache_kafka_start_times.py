@@ -40,7 +40,7 @@ from kafka_txn import (
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient, TransactionDescription
 from kafka_txn.recovery import Verdict, decide
 from kafka_txn.testing import FaultProxy
-from tests.apache_kafka import ApacheKafka, java_and_maven
+from tests.apache_kafka import ApacheKafka, require_java_and_maven
 from tests.rig import Broker
 
 # How a test takes the coordinator down and up again between two transactions.
@@ -74,12 +74,7 @@ class _Kafka:
 
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[_Kafka]:
-    if not java_and_maven():
-        pytest.fail(
-            "these tests run Apache Kafka from Maven: install java (17+) and mvn "
-            "(Debian: apt-get install openjdk-17-jre-headless maven)",
-            pytrace=False,
-        )
+    require_java_and_maven()
     server = ApacheKafka(properties=_BROKER_PROPERTIES).start()
     try:
         yield _Kafka(server)

@@ -33,7 +33,7 @@ from .errors import (
 )
 from .lifecycle import Lifecycle, State
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "Handle"]
 
 log = logging.getLogger("kafka_txn.producer")
 
@@ -84,11 +84,84 @@ def _failure(call: Callable[..., object], *args: Any) -> KafkaException | None:
     return None
 
 
+class Handle:
+    """confluent-kafka's ``Producer`` as this library calls it: one method per call it
+    makes, each passing straight through. Frames, bound methods and closures of this
+    library hold this object, never the Producer itself, and a stored exception's
+    traceback keeps such frames (and their locals) alive, in cycles with the objects
+    that store it. ``detach()``, at close(), lets go of the Producer: nothing else holds
+    it then (``Driver.produce`` and the producer's own ``_produce`` are let go of too),
+    so reference counting destroys it there and then (rd_kafka_destroy: librdkafka's
+    threads, sockets and memory), whatever still holds this object. Every call after
+    that is refused as after close(); ``len()`` is 0."""
+
+    __slots__ = ("_producer",)
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer: Producer | None = producer
+
+    def detach(self) -> None:
+        """Let go of the Producer; calls from now on raise ``IllegalStateError``."""
+        self._producer = None
+
+    def _live(self, operation: str) -> Producer:
+        producer = self._producer
+        if producer is None:
+            raise IllegalStateError(f"{operation}() called after close()")
+        return producer
+
+    def produce(self, *args: Any) -> None:
+        self._live("produce").produce(*args)
+
+    def poll(self, timeout: float = -1) -> int:
+        return self._live("poll").poll(timeout)
+
+    def flush(self, timeout: float = -1) -> int:
+        return self._live("flush").flush(timeout)
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self._live("init_transactions").init_transactions(timeout)
+
+    def begin_transaction(self) -> None:
+        self._live("begin_transaction").begin_transaction()
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self._live("commit_transaction").commit_transaction(timeout)
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self._live("abort_transaction").abort_transaction(timeout)
+
+    def send_offsets_to_transaction(
+        self, offsets: list[Any], group_metadata: Any, timeout: float = -1
+    ) -> None:
+        producer = self._live("send_offsets_to_transaction")
+        producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        return self._live("list_topics").list_topics(topic, timeout)
+
+    def close(self) -> None:
+        """confluent-kafka's close(), where it has one."""
+        close = getattr(self._live("close"), "close", None)
+        if close is not None:
+            close()
+
+    def __len__(self) -> int:
+        producer = self._producer
+        return 0 if producer is None else len(producer)
+
+    def __bool__(self) -> bool:
+        return True  # as confluent-kafka's Producer: even when nothing is queued
+
+
 class Driver:
     """Calls into one confluent-kafka ``Producer`` on behalf of a TransactionalProducer."""
 
-    producer: Producer
+    producer: Handle
+    """The Producer behind a ``Handle`` (see there)."""
     produce: Callable[..., None]
+    """The Producer's own produce(), for the slow path of a send (no call in between);
+    the handle's, which refuses, once close() let go of the Producer."""
 
     def __init__(
         self,
@@ -124,7 +197,7 @@ class Driver:
         return self._operation_timeout
 
     def attach(self, producer: Producer) -> None:
-        self.producer = producer
+        self._handle = self.producer = Handle(producer)
         self.produce = producer.produce
 
     def poll(self, timeout: float = 0) -> int:
@@ -152,21 +225,32 @@ class Driver:
         confluent-kafka's Producer.close() flushes and destroys it now (it also aborts an
         open transaction, without a time bound, and warns if librdkafka refuses: the
         producer asks for it only when librdkafka holds no transaction and runs no
-        transactional call). Otherwise the handle is left to the garbage collector,
-        whose rd_kafka_destroy() neither aborts nor waits: a prepared transaction
-        outlives this producer, any other is left to its coordinator."""
+        transactional call). Otherwise the handle is left to its destruction, whose
+        rd_kafka_destroy() (confluent-kafka's dealloc) neither aborts nor waits: a
+        prepared transaction outlives this producer, any other is left to its
+        coordinator.
+
+        Either way the handle is destroyed by the time close() returns, in every
+        state: this lets go of the Producer (``Handle.detach``, ``produce``) and the
+        caller of its last reference (``TransactionalProducer._produce``), so that
+        reference counting destroys it, rather than a garbage collection, which the
+        cycles around it (librdkafka's callbacks are bound methods of objects that hold
+        it) would otherwise wait for. A produce() still running in another thread holds
+        it until that call returns."""
+        handle = self._handle
         try:
             if not close_handle:
                 # Serve what librdkafka queued (its log lines: "Connection refused" after
                 # an init_transactions() that timed out), as its close() would have.
-                self.producer.poll(0)
+                handle.poll(0)
                 return
-            self.producer.flush(0)
-            close = getattr(self.producer, "close", None)
-            if close is not None:
-                close()
+            handle.flush(0)
+            handle.close()
         except (KafkaException, RuntimeError) as exc:  # closing a dead handle
             log.debug("close(): %s", exc)
+        finally:
+            handle.detach()
+            self.produce = handle.produce
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every queued record is delivered or failed; returns how many are
@@ -448,7 +532,8 @@ class Driver:
     ) -> None:
         """The slow path of produce()/send(): a record librdkafka refused, arguments of
         the wrong type, or a full queue, where it serves delivery reports until there is
-        room, like Java's send() blocking up to max.block.ms."""
+        room, like Java's send() blocking up to max.block.ms. A send that close() overtook
+        (another thread's, after its state check) is refused as after close()."""
         deadline = time.monotonic() + self._queue_full_timeout
         while isinstance(exc, BufferError):
             if time.monotonic() >= deadline:
@@ -465,6 +550,8 @@ class Driver:
                 return
             except Exception as again:  # dispatched below, like the first failure
                 exc = again
+        if isinstance(exc, IllegalStateError):  # the handle was let go of: Handle.detach
+            raise exc
         if isinstance(exc, KafkaException):
             raise self.sync_failure(exc, topic, partition, key) from exc
         failure = self.refused(exc, topic, value, key, partition)

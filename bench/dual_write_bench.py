@@ -14,6 +14,15 @@ the median time of each step of the recipe (from ``on_step``).
 With several ``--rows`` or ``--writers`` values it measures every combination (each with
 its own interleaved naive baseline) and prints a table: rows per transaction against
 concurrent writers (one transactional id, one thread and one connection each).
+
+``--failure-path``: every other transaction fails (its body raises after its INSERT and
+records: the database rolls back, Kafka aborts), on both sides; txn/s counts failed and
+committed ones. A third writer, interleaved too, runs DualWriter with the identity
+candidate turned off (``IdentityTracker.use_candidates``), so that every prepare after
+an abort waits for librdkafka's next statistics snapshot: the failure path without the
+candidate, for comparison in the same run.
+
+    python bench/dual_write_bench.py --failure-path --rows 1 10
 """
 
 from __future__ import annotations
@@ -64,6 +73,17 @@ def _table() -> Table:
 
 PRODUCE_FIRST = [False]
 """--produce-first: the body sends its records before its INSERT (else after)."""
+
+FAILURE_PATH = [False]
+"""--failure-path: every other transaction's body raises ``_Failed`` after its writes."""
+
+
+class _Failed(Exception):  # noqa: N818 - not an error: the failure the scenario asks for
+    """The body of a transaction that fails on purpose (--failure-path)."""
+
+
+def _fails(i: int) -> bool:
+    return FAILURE_PATH[0] and i % 2 == 1
 
 
 def _write(
@@ -123,10 +143,21 @@ def _naive(broker: Broker, net: Network, count: int, rows: int, writers: int) ->
 
     def body(i: int) -> None:
         producer = producers[i]
-        for _ in range(count):
+        for n in range(count):
             producer.begin_transaction()
-            with engine.begin() as conn:
-                _write(conn, producer.produce, table, topic, values)
+            try:
+                with engine.begin() as conn:
+                    _write(conn, producer.produce, table, topic, values)
+                    if _fails(n):
+                        raise _Failed
+            except _Failed:
+                # Delivered first, so that librdkafka's EndTxn(abort) cannot overtake the
+                # AddPartitionsToTxn the coordinator refuses while the previous commit's
+                # markers are written: librdkafka makes the INVALID_TXN_STATE it then gets
+                # fatal (what TransactionalProducer's abort waits for, _completion.py).
+                producer.flush()
+                producer.abort_transaction()
+                continue
             producer.commit_transaction()  # not atomic with the database commit above
 
     for producer in producers:  # warm-up: connections, metadata
@@ -169,7 +200,13 @@ def _dual(
     writers: int,
     statements: list[float],
     steps: _Steps,
+    candidates: bool = True,
+    identity: list[tuple[int, int, int]] | None = None,
 ) -> float:
+    """Transactions per second, all writers together. ``candidates``: False turns the
+    identity candidate off (every prepare after an abort waits for statistics).
+    ``identity``: gets (prepares that waited for a snapshot, candidates confirmed,
+    candidates refused) per writer."""
     assert net.jdbc is not None
     topic = broker.create_topic(3)
     table = _table()
@@ -179,6 +216,8 @@ def _dual(
         conf = {"bootstrap.servers": net.bootstrap_servers, "transactional.id": uuid.uuid4().hex}
         writer = DualWriter(conf, net.jdbc, on_step=steps)
         writer.start()
+        assert writer.producer._twophase is not None
+        writer.producer._twophase.identity.use_candidates = candidates
         dual.append(writer)
     table.create(dual[0].engine)
     for writer in dual:  # the first transaction waits for statistics: not timed
@@ -202,11 +241,18 @@ def _dual(
 
     def body(i: int) -> None:
         writer = dual[i]
-        for _ in range(count):
+        for n in range(count):
             steps.start()
-            with writer.transaction() as tx:
-                _write(tx.connection, tx.produce, table, topic, values)
+            try:
+                with writer.transaction() as tx:
+                    _write(tx.connection, tx.produce, table, topic, values)
+                    if _fails(n):
+                        raise _Failed
+            except _Failed:
+                pass
 
+    tracked = [w.producer._twophase.identity for w in dual if w.producer._twophase is not None]
+    before = [(t.waits, t.confirmed, t.refused) for t in tracked]
     steps.on = True
     elapsed = _threads(writers, body)
     steps.on = False
@@ -214,6 +260,9 @@ def _dual(
         event.remove(writer.engine, "before_cursor_execute", count_cursor_statement)
         event.remove(writer.engine, "commit", count_statement)
     statements.append(seen[0] / (count * writers))
+    if identity is not None:
+        for t, (waits, confirmed, refused) in zip(tracked, before, strict=True):
+            identity.append((t.waits - waits, t.confirmed - confirmed, t.refused - refused))
     table.drop(dual[0].engine)
     for writer in dual:
         writer.close()
@@ -228,14 +277,23 @@ def _measure(
         count = max(10, count // 2)
     naive: list[float] = []
     dual: list[float] = []
+    no_candidate: list[float] = []
+    identity: list[tuple[int, int, int]] = []
     statements: list[float] = []
     steps = _Steps()
-    for i in range(args.repeat):  # interleaved, alternating who goes first
-        for who in ("naive", "dual") if i % 2 == 0 else ("dual", "naive"):
+    order = ["naive", "dual"] + (["no-candidate"] if args.failure_path else [])
+    for i in range(args.repeat):  # interleaved, rotating who goes first
+        for who in order[i % len(order) :] + order[: i % len(order)]:
             if who == "naive":
                 naive.append(_naive(broker, net, count, rows, writers))
+            elif who == "dual":
+                dual.append(
+                    _dual(broker, net, count, rows, writers, statements, steps, True, identity)
+                )
             else:
-                dual.append(_dual(broker, net, count, rows, writers, statements, steps))
+                no_candidate.append(
+                    _dual(broker, net, count, rows, writers, [], _Steps(), candidates=False)
+                )
     ratios = sorted(d / n for d, n in zip(dual, naive, strict=True))
     return {
         "rows": rows,
@@ -246,6 +304,8 @@ def _measure(
         "ratio": statistics.median(dual) / statistics.median(naive),
         "pair_ratios": ratios,
         "statements": statistics.median(statements),
+        "no_candidate": no_candidate,
+        "identity": [sum(x) for x in zip(*identity, strict=True)] if identity else None,
         "steps": {k: statistics.median(v) * 1000 for k, v in steps.times.items() if v},
     }
 
@@ -268,12 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[10])
     parser.add_argument("--writers", type=int, nargs="+", default=[1])
     parser.add_argument(
+        "--failure-path", action="store_true",
+        help="every other transaction fails (database rollback, Kafka abort)",
+    )  # fmt: skip
+    parser.add_argument(
         "--produce-first", action="store_true",
         help="send the records before the INSERT (librdkafka then registers the "
         "partitions while the INSERT runs)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     PRODUCE_FIRST[0] = args.produce_first
+    FAILURE_PATH[0] = args.failure_path
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
     with running_broker(args.broker) as broker:
         with behind_delay(args.delay_ms, broker.bootstrap_servers, jdbc) as net:
@@ -282,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 "body: records sent "
                 + ("before" if args.produce_first else "after")
                 + " the INSERT"
+                + ("; every other transaction fails (rollback, abort)" if args.failure_path else "")
             )
             results = [
                 _measure(broker, net, args, rows, writers)
@@ -300,6 +366,9 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\n{label:<44}{'median txn/s (min..max)':>28}")
     print(f"{'naive DB + Kafka (not atomic)':<44}{spread(r['naive']):>28}")
     print(f"{'DualWriter (atomic)':<44}{spread(r['dual']):>28}")
+    if r["no_candidate"]:
+        label = "DualWriter, no identity candidate"
+        print(f"{label:<44}{spread(r['no_candidate']):>28}")
     target = " (target >= 0.8 at 1 ms, >= 0.65 at 0 ms)" if r["rows"] == 10 else ""
     pairs = ", ".join(f"{x:.2f}" for x in r["pair_ratios"])
     print(f"ratio of medians: {r['ratio']:.2f}x{target}; per interleaved pair: {pairs}")
@@ -307,6 +376,12 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> None:
           f"included, BEGIN not)")  # fmt: skip
     steps = "  ".join(f"{k.removeprefix('after_')} {v:.2f}" for k, v in r["steps"].items())
     print(f"median ms until each step: {steps}")
+    if r["no_candidate"]:
+        waits, confirmed, refused = r["identity"]
+        off = statistics.median(r["no_candidate"])
+        print(f"failure path: DualWriter / no candidate {statistics.median(r['dual']) / off:.2f}x; "
+              f"prepares that waited for statistics {waits}, candidates confirmed "
+              f"{confirmed}, refused {refused} (all runs)")  # fmt: skip
 
 
 def _table_report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:

@@ -273,7 +273,9 @@ class Completion:
             self._life.aborted()
             if self._twophase is not None:
                 self._twophase.prepared = None
-                self._twophase.identity.invalidate()  # abort may have bumped the epoch
+                # The abort may have bumped the epoch: the identity from before it is a
+                # candidate that the next prepare's DescribeTransactions must confirm.
+                self._twophase.identity.after_abort()
 
     def _await_registration(self, deadline: float) -> None:
         """Before librdkafka's abort of a transaction that has not failed: let the records

@@ -7,7 +7,10 @@ librdkafka does not expose the producer id and epoch, but its statistics do: the
 top-level ``eos`` object has ``producer_id``, ``producer_epoch``, ``idemp_state`` and
 ``txn_state``. They change only at ``init_transactions()`` and at the epoch bump
 ``abort_transaction()`` may do (KIP-360), so a snapshot taken after the last of those stays
-valid: only the first prepare after an init or abort waits for one.
+valid: only the first prepare after an init waits for one. After an abort, the identity
+from before it is a candidate that prepare's own DescribeTransactions confirms or refuses
+(``IdentityTracker``), so that a transaction after a failed one does not wait for the next
+snapshot (``statistics.interval.ms``).
 """
 
 from __future__ import annotations
@@ -15,15 +18,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
-from ._librdkafka import _RETRY_FLOOR_S, Driver
+from ._librdkafka import _RETRY_FLOOR_S, Driver, Handle
 from .classification import exception_for
 from .config import ValidatedConfig
 from .coordinator import ConnectionSettings, CoordinatorClient, CoordinatorError
@@ -56,6 +60,7 @@ __all__ = [
     "IdentityTracker",
     "Recovered",
     "TwoPhase",
+    "confirms",
     "coordinator_failure",
     "prepare_failed",
 ]
@@ -112,17 +117,114 @@ _SETTLED_TXN_STATES = frozenset({"Ready", "InTransaction", "BeginCommit", "Commi
 
 
 class IdentityTracker:
-    """The producer id/epoch from librdkafka statistics; ``invalidate()`` after every
-    call that may change them, then the next settled snapshot sets them again."""
+    """This producer's id and epoch, read from librdkafka's statistics, and the candidate
+    that stands in for them after an abort until a snapshot comes.
+
+    ``identity``: the id/epoch to prepare with, or None when prepare must find them. A
+    settled snapshot (``on_stats``) is the authority: after ``invalidate()`` (an init, or
+    anything else after which nothing is assumed) only a snapshot sets it again. After an
+    abort (``after_abort``) the identity from before it is kept as ``candidate``: it is
+    still the producer's unless librdkafka's abort bumped the epoch (KIP-360: it then
+    fetches a new epoch, or on epoch exhaustion a new producer id, with InitProducerId
+    before abort_transaction() returns; rd_kafka_txn_endtxn_complete calls
+    rd_kafka_idemp_drain_epoch_bump0 when ``txn_requires_epoch_bump``). Prepare's
+    DescribeTransactions decides (``resolve``): the candidate becomes the identity only if
+    the coordinator shows this transaction open (Ongoing) under exactly the candidate's id
+    and epoch, with a start time newer than any this producer saw before.
+
+    Why such an answer proves the candidate is librdkafka's current identity: every
+    identity a transactional id ever has comes from its coordinator (InitProducerId, the
+    coordinator's own bump when it times a transaction out or fences it for another
+    instance's init) and is never handed out twice (the epoch only grows under one
+    producer id, and a new producer id is new to the cluster). The candidate was
+    librdkafka's identity before the abort; librdkafka's identity is the coordinator's
+    or an older one (fenced); so the coordinator still showing the candidate means that
+    nothing replaced it, librdkafka's included. Epochs do not move with each transaction:
+    librdkafka sends EndTxn v0-1 only (rd_kafka_EndTxnRequest), and Apache Kafka bumps the
+    epoch at EndTxn only for clients that send v5 or later (KafkaApis.handleEndTxnRequest:
+    TV_2 only for version > 4; TransactionCoordinator.handleEndTransaction ->
+    TransactionMetadata.prepareAbortOrCommit bumps only when
+    ``clientTransactionVersion.supportsEpochBump()``), also on clusters at transaction
+    version 2 (KIP-890). Were that to change, every candidate would be refused, which is
+    slow but not wrong. An Ongoing transaction under the candidate after the abort
+    returned is not the aborted one (its EndTxn was answered, so the coordinator holds it
+    PrepareAbort or later), and only this producer adds partitions under its identity.
+
+    The next settled snapshot checks a confirmed candidate: agreeing, it becomes the
+    identity as any snapshot does; disagreeing (which the argument above excludes), the
+    snapshot's identity replaces it, it is counted in ``disagreements`` and logged, and
+    candidates are no longer used by this producer. A transaction prepared under the
+    refuted candidate named the id/epoch the coordinator showed it under, which is what
+    recovery checks; a commit through librdkafka under another identity is refused by the
+    coordinator (PRODUCER_FENCED or INVALID_PRODUCER_ID_MAPPING) and leaves that
+    transaction in doubt, never aborted.
+
+    ``on_stats`` runs in whatever thread serves librdkafka's callbacks (any caller of
+    poll() or flush()), so changes are made under a lock."""
 
     def __init__(self, chained: Callable[[str], None] | None) -> None:
         self._chained = chained
+        self._lock = threading.Lock()
         self.identity: tuple[int, int] | None = None
+        self.candidate: tuple[int, int] | None = None
+        """The identity from before the last abort, while no snapshot came since."""
+        self.provisional = False
+        """``identity`` is a confirmed candidate that no snapshot has checked yet."""
+        self.use_candidates = True
+        """False once a snapshot disagreed with a confirmed candidate."""
         self._wanted = True
+        self.waits = 0
+        """Prepares that waited for a statistics snapshot (for tests and diagnostics)."""
+        self.confirmed = 0
+        self.refused = 0
+        """Candidates prepare's DescribeTransactions confirmed, and refused."""
+        self.disagreements = 0
+        """Snapshots that disagreed with a confirmed candidate."""
+        self.snapshots = 0
+        """Snapshots that set the identity."""
 
     def invalidate(self) -> None:
-        self.identity = None
-        self._wanted = True
+        """Forget the identity and any candidate: only a snapshot sets it again."""
+        with self._lock:
+            self.identity = None
+            self.candidate = None
+            self.provisional = False
+            self._wanted = True
+
+    def after_abort(self) -> None:
+        """librdkafka's abort_transaction() returned (and the callbacks it queued were
+        served): the identity may have changed (an epoch bump), so it is a candidate now.
+        Without an identity (no snapshot since an earlier abort) the earlier candidate
+        stays: it was the producer's identity at some point, which is all ``resolve``
+        assumes."""
+        with self._lock:
+            if self.identity is not None and self.use_candidates:
+                self.candidate = self.identity
+            self.identity = None
+            self.provisional = False
+            self._wanted = True
+
+    def resolve(
+        self, seen: TransactionDescription, last_start_ms: int | None
+    ) -> tuple[int, int] | None:
+        """The identity to prepare with, given the coordinator's answer ``seen`` for the
+        transaction being prepared: the known identity; else the candidate if ``seen``
+        confirms it (then provisional until the next snapshot); else None (wait for a
+        snapshot). ``last_start_ms``: the newest start time this producer saw."""
+        with self._lock:
+            if self.identity is not None:
+                return self.identity
+            candidate = self.candidate
+            if candidate is None:
+                return None
+            if confirms(candidate, seen, last_start_ms):
+                self.identity, self.provisional = candidate, True
+                self.candidate = None
+                self.confirmed += 1
+                return candidate
+            self.candidate = None  # refuted, or not this transaction: ask the statistics
+            self.refused += 1
+            return None
 
     def on_stats(self, payload: str) -> None:
         """librdkafka's stats_cb: parses only the ``eos`` object, and only when needed."""
@@ -134,10 +236,46 @@ class IdentityTracker:
                 and eos.get("txn_state") in _SETTLED_TXN_STATES
                 and int(eos.get("producer_id", -1)) >= 0
             ):
-                self.identity = (int(eos["producer_id"]), int(eos["producer_epoch"]))
-                self._wanted = False
+                self._settle((int(eos["producer_id"]), int(eos["producer_epoch"])))
         if self._chained is not None:
             self._chained(payload)
+
+    def _settle(self, snapshot: tuple[int, int]) -> None:
+        with self._lock:
+            if not self._wanted:
+                return
+            if self.provisional and snapshot != self.identity:
+                self.disagreements += 1
+                self.use_candidates = False
+                log.warning(
+                    "librdkafka's statistics give producer id/epoch %s/%s, not %s/%s as "
+                    "the coordinator confirmed after the last abort: using %s/%s, and no "
+                    "longer confirming identities from the coordinator after an abort",
+                    *snapshot, *(self.identity or (-1, -1)), *snapshot,
+                )  # fmt: skip
+            self.identity = snapshot
+            self.candidate = None
+            self.provisional = False
+            self._wanted = False
+            self.snapshots += 1
+
+
+def confirms(
+    candidate: tuple[int, int], seen: TransactionDescription, last_start_ms: int | None
+) -> bool:
+    """Whether the coordinator's answer ``seen`` confirms ``candidate`` as the identity of
+    the transaction being prepared (see ``IdentityTracker``): open (Ongoing) under exactly
+    that producer id and epoch, with a start time newer than ``last_start_ms`` (the
+    newest this producer saw), so not a transaction seen before. Anything else (another
+    epoch or producer id: an epoch bump by the abort, the coordinator's timeout, another
+    instance's init; another state; an old, equal or unset start time) is left to the
+    statistics, whose identity prepare then checks against the coordinator as usual."""
+    return (
+        seen.state == "Ongoing"
+        and (seen.producer_id, seen.producer_epoch) == candidate
+        and seen.start_time_ms >= 0
+        and (last_start_ms is None or seen.start_time_ms > last_start_ms)
+    )
 
 
 _DECODER = json.JSONDecoder()
@@ -425,7 +563,7 @@ class TwoPhase:
                 raise prepare_failed(f"a record failed: {first_failure}", first_failure)
             if left:
                 raise prepare_failed(f"{left} records still undelivered")
-            pid, epoch = self.await_identity(self._io.poll, deadline)
+            pid, epoch, early = self._identify(early, deadline)
             cluster = partial(self.cluster, self._io.producer, deadline)
             state = self.confirm(pid, epoch, cluster, early, flushed_at)
         except BaseException as exc:
@@ -567,9 +705,31 @@ class TwoPhase:
             )
         return not prepared.is_empty and _identity(state) == _identity(prepared)
 
+    def _identify(self, early: _Seen | None, deadline: float) -> tuple[int, int, _Seen | None]:
+        """This producer's id and epoch for prepare, with the coordinator's answer read
+        so far (``early``, for ``confirm``): the known identity; after an abort, the
+        candidate if the coordinator's answer for this transaction confirms it
+        (``IdentityTracker``); else the next statistics snapshot's. The answer that
+        decides on the candidate (the one read during the flush, or asked now) goes on
+        to ``confirm``, which uses it if it shows this transaction under the identity
+        found: a confirmed candidate costs no round trip of its own, and after a bump
+        the answer is reused once the snapshot gives the new epoch."""
+        tracker = self.identity
+        if tracker.identity is None and tracker.candidate is not None:
+            seen = early if early is not None else self._describe()
+            identity = tracker.resolve(seen.description, self.last_start_ms)
+            if identity is not None:
+                return identity[0], identity[1], seen
+            early = seen
+        pid, epoch = self.await_identity(self._io.poll, deadline)
+        return pid, epoch, early
+
     def await_identity(self, poll: Callable[[float], int], deadline: float) -> tuple[int, int]:
         """This producer's id and epoch; waits for a statistics snapshot only after an
-        init or abort (see the module docstring)."""
+        init, or after an abort whose candidate was not confirmed (see the module
+        docstring)."""
+        if self.identity.identity is None:
+            self.identity.waits += 1
         while self.identity.identity is None:
             if time.monotonic() >= deadline:
                 raise prepare_failed(
@@ -580,7 +740,7 @@ class TwoPhase:
         return self.identity.identity
 
     def cluster(
-        self, producer: Producer, deadline: float, operation: str = "prepare_transaction"
+        self, producer: Handle, deadline: float, operation: str = "prepare_transaction"
     ) -> str | None:
         """The cluster id (read once), to refuse a state from another cluster; None when
         librdkafka's Metadata got no answer by ``deadline`` (at least 1 s from now).
@@ -600,9 +760,7 @@ class TwoPhase:
                 log.warning("could not read the cluster id: %s", self.cluster_failure)
         return self.cluster_id
 
-    def _cluster_while_recovering(
-        self, producer: Producer, end: float, operation: str
-    ) -> str | None:
+    def _cluster_while_recovering(self, producer: Handle, end: float, operation: str) -> str | None:
         """The cluster id read by a producer that has not reached a broker yet, which is
         where a SASL login the broker refuses (wrong password, unknown user, a mechanism
         it does not enable) shows: librdkafka reports it only through error_cb and logs
@@ -688,27 +846,18 @@ class TwoPhase:
                 "send less per transaction"
             )
         if early is not None and self._shows_this(early.description, pid, epoch):
-            seen, answered_at = early
-            self.describes_ahead_used += 1
+            seen, answered_at = early.description, early.at
+            if early.ahead:
+                self.describes_ahead_used += 1
         else:
-            connected, asked_at = self._client is not None, time.monotonic()
-            seen = self.call("prepare_transaction", self.client.describe, recovering=False)
-            answered_at = time.monotonic()
-            if connected:  # the first one also connects: not a round trip
-                rtt, last = self.describe_rtt_s, answered_at - asked_at
-                self.describe_rtt_s = last if rtt is None else 0.8 * rtt + 0.2 * last
+            asked = self._describe()
+            seen, answered_at = asked.description, asked.at
         # The start time this answer shows was stamped before the answer came, and
         # before the flush returned (space_transactions): the next transaction is
         # spaced from the earlier of the two.
         self.last_started_by = answered_at if flushed_at is None else min(answered_at, flushed_at)
         if seen.producer_id != pid or seen.producer_epoch != epoch:
-            raise ProducerFencedError(
-                f"prepare_transaction(): the coordinator holds producer id "
-                f"{seen.producer_id} epoch {seen.producer_epoch} for "
-                f"{self.transactional_id!r}, this producer is {pid}/{epoch}: a newer "
-                "producer took over; close this one",
-                kafka_error=KafkaError(KafkaError.PRODUCER_FENCED),
-            )
+            raise not_this_producer(self.transactional_id, seen, pid, epoch)
         if seen.state in _NOTHING_SENT:
             return PreparedTxnState.EMPTY  # nothing was sent: nothing to commit
         if seen.state != "Ongoing":
@@ -727,6 +876,17 @@ class TwoPhase:
             cluster_id=cluster(),
             timeout_ms=int(self.transaction_timeout_s * 1000),
         )
+
+    def _describe(self) -> _Seen:
+        """Prepare's DescribeTransactions, asked now; its round trip is averaged into
+        ``describe_rtt_s``."""
+        connected, asked_at = self._client is not None, time.monotonic()
+        seen = self.call("prepare_transaction", self.client.describe, recovering=False)
+        answered_at = time.monotonic()
+        if connected:  # the first one also connects: not a round trip
+            rtt, last = self.describe_rtt_s, answered_at - asked_at
+            self.describe_rtt_s = last if rtt is None else 0.8 * rtt + 0.2 * last
+        return _Seen(seen, answered_at, ahead=False)
 
     def _shows_this(self, seen: TransactionDescription, pid: int, epoch: int) -> bool:
         """Whether an answer read ahead shows this transaction: open (Ongoing) under
@@ -806,10 +966,56 @@ class TwoPhase:
 
 
 class _Seen(NamedTuple):
-    """A DescribeTransactions answer and when it was read (``time.monotonic()``)."""
+    """A DescribeTransactions answer, when it was read (``time.monotonic()``), and
+    whether it was read ahead, during the flush."""
 
     description: TransactionDescription
     at: float
+    ahead: bool = True
+
+
+def not_this_producer(tid: str, seen: TransactionDescription, pid: int, epoch: int) -> FatalError:
+    """Prepare's error when the coordinator does not show the transaction under this
+    producer's id and epoch, worded for what the answer tells apart: an id the
+    coordinator does not know (never seen, expired, or lost by a broker that does not
+    keep its transaction log across a restart), an epoch bumped under this producer id
+    (a newer instance's init, or the coordinator's abort of a transaction past
+    ``transaction.timeout.ms``), another producer id (another instance initialised the
+    id), or an epoch older than this producer's (the coordinator's state went back)."""
+    holds = f"producer id {seen.producer_id} epoch {seen.producer_epoch}"
+    this = f"this producer is {pid}/{epoch}"
+    advice = (
+        "Nothing of this transaction can commit. Close this producer and create a new one "
+        "(its init_transactions() registers the id again)"
+    )
+    if not seen.found:
+        return FatalError(
+            f"prepare_transaction(): the coordinator does not know transactional id {tid!r} "
+            f"({this}): it never registered it, or forgot it (the id expired after "
+            "transactional.id.expiration.ms, or the broker does not keep its transaction "
+            f"state across a restart, as noida-db does not). {advice}",
+            kafka_error=KafkaError(KafkaError.INVALID_PRODUCER_ID_MAPPING),
+        )
+    if seen.producer_id == pid and seen.producer_epoch < epoch:
+        return FatalError(
+            f"prepare_transaction(): the coordinator holds {holds} for {tid!r}, an older "
+            f"epoch than this producer's ({this}): its transaction state went back (a "
+            f"broker that lost acknowledged transaction-log writes). {advice}",
+            kafka_error=KafkaError(KafkaError.INVALID_PRODUCER_EPOCH),
+        )
+    if seen.producer_id == pid:
+        why = (
+            "its epoch was bumped: another producer initialised the same transactional "
+            "id, or the coordinator aborted this transaction because it outlived "
+            "transaction.timeout.ms"
+        )
+    else:
+        why = "another producer initialised the same transactional id since"
+    return ProducerFencedError(
+        f"prepare_transaction(): the coordinator holds {holds} for {tid!r}, {this}: {why}. "
+        f"{advice}, and make sure no other instance uses this transactional id",
+        kafka_error=KafkaError(KafkaError.PRODUCER_FENCED),
+    )
 
 
 def _identity(state: PreparedTxnState) -> tuple[int | None, int | None, int | None]:

@@ -123,7 +123,7 @@ _ROWS: Final[tuple[tuple[str, ErrorCategory, FailureType, str], ...]] = (
     ("_MAX_POLL_EXCEEDED", A, TXN, "consumer left its group (max.poll.interval.ms)"),
     ("_UNKNOWN_BROKER", R, DEL, "unknown broker"),
     ("_NOT_CONFIGURED", F, TXN, "transactional.id is not configured"),
-    ("_FENCED", F, TXN, "fenced by a newer instance"),
+    ("_FENCED", F, TXN, "epoch bumped: a newer instance, or the coordinator's timeout abort"),
     ("_APPLICATION", A, DEL, "application-generated error"),
     ("_ASSIGNMENT_LOST", A, TXN, "consumer lost its partitions"),
     ("_NOOP", R, DEL, "no operation performed"),
@@ -232,7 +232,7 @@ _ROWS: Final[tuple[tuple[str, ErrorCategory, FailureType, str], ...]] = (
     ("INVALID_RECORD", A, REJ, "broker failed to validate the record (KIP-467)"),
     ("UNSTABLE_OFFSET_COMMIT", R, TXN, "offsets of an open transaction pending"),
     ("THROTTLING_QUOTA_EXCEEDED", R, DEL, "quota exceeded"),
-    ("PRODUCER_FENCED", F, TXN, "a newer producer with the same transactional.id exists"),
+    ("PRODUCER_FENCED", F, TXN, "epoch bumped: a newer producer, or a timeout abort"),
     ("RESOURCE_NOT_FOUND", F, DEL, "admin only"),
     ("DUPLICATE_RESOURCE", F, DEL, "admin only"),
     ("UNACCEPTABLE_CREDENTIAL", F, DEL, "admin only"),
@@ -355,6 +355,15 @@ _SASL_ADVICE: Final = (
     "returns for OAUTHBEARER, and sasl.mechanism (it must be one of the broker's "
     "sasl.enabled.mechanisms), then create the producer with the corrected settings"
 )
+_FENCED_ADVICE: Final = (
+    "the coordinator bumped this producer's epoch: either another producer initialised "
+    "the same transactional.id, or the coordinator aborted the open transaction because "
+    "it outlived transaction.timeout.ms (a broker outage, a slow transaction; Apache "
+    "Kafka's TransactionCoordinator aborts a timed-out transaction with an epoch bump, "
+    "and librdkafka then hears PRODUCER_FENCED). Nothing of that transaction is visible. "
+    "The producer is unusable: close it (and its consumer) and create a new one, and "
+    "make sure no other instance uses this transactional.id"
+)
 # Codes whose fix is a setting, not a new producer: what to change, said in place of the
 # category's advice. librdkafka's text for INVALID_TRANSACTION_TIMEOUT names the broker
 # setting max.transaction.timeout.ms, which does not exist (Apache Kafka's
@@ -368,6 +377,7 @@ _CODE_ADVICE: Final = {
         "corrected setting"
     ),
     **dict.fromkeys(AUTHENTICATION_CODES, _SASL_ADVICE),
+    **dict.fromkeys(_FENCED_CODES, _FENCED_ADVICE),
 }
 
 

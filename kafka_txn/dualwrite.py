@@ -1270,9 +1270,13 @@ class DualWriter:
                     "start(), the last commit's completion mark stays due",
                     self.transactional_id,
                 )
-            self.producer._close(abort_open=marked)
-            self._watch.close()
-            self.engine.dispose()
+            try:
+                self.producer._close(abort_open=marked)
+            finally:
+                # Also when close() raises a callback's exception: the pool and the
+                # watch go all the same.
+                self._watch.close()
+                self.engine.dispose()
         finally:
             if idle:
                 self._serial.release()
@@ -1441,6 +1445,27 @@ class DualWriter:
             raise ended from exc
         if kept is not None and isinstance(exc, Exception):  # an interruption goes on
             raise kept from exc
+        fatal = self.producer._life.fatal
+        if self._broken is None and fatal is not None and isinstance(exc, Exception):
+            # The writer cannot go on (its producer died with this transaction, or
+            # before it): what to do now is the broken writer's error, not the advice
+            # of the error that failed the transaction (kept as the context).
+            self._broken = self._unusable(fatal)
+            raise self._broken from root_exception(fatal)
+
+    def _unusable(self, fatal: FatalError) -> FatalError:
+        """The writer's error once its producer is unusable (fenced, not authorized, an
+        abort the coordinator refused): a new writer is needed."""
+        tid = self.transactional_id
+        cls = ProducerFencedError if isinstance(fatal, ProducerFencedError) else FatalError
+        return cls(
+            f"the Kafka producer of the DualWriter for {tid!r} is unusable: "
+            f"{fatal.message}. The database rolled this transaction back, and nothing of "
+            f"its Kafka transaction is visible. Close this writer; unless another writer "
+            f"now runs for {tid!r}, start a new one: its start() settles the last commit, "
+            "then initialises the transactional id again",
+            kafka_error=fatal.kafka_error,
+        )
 
     def _began_another(self, conn: Connection, root: Transaction) -> ConfigurationError | None:
         """The error for a body that committed or rolled back through SQLAlchemy
@@ -1504,8 +1529,15 @@ class DualWriter:
                 return kept
             try:
                 self.producer.abort_transaction()
-            except KafkaTxnError as exc:
+            except FatalError as exc:  # _failed() raises the writer's error for it
                 log.warning("Kafka abort after a failed dual write failed: %s", exc)
+            except KafkaTxnError as exc:
+                # Ran out of time (a broker away): the producer stays 'aborting', and the
+                # next transaction's begin_transaction() finishes the abort first.
+                log.warning(
+                    "Kafka abort after a failed dual write did not complete (%s): the "
+                    "next transaction finishes it first", exc,
+                )  # fmt: skip
         return kept
 
     def _leave_open(self) -> None:
@@ -1521,7 +1553,10 @@ class DualWriter:
             "database refused or was unreachable; see the warning logged), so the open "
             "Kafka transaction was NOT aborted: an abort may bump the producer epoch, "
             "after which recovery could no longer prove that commit. Nothing of this "
-            f"transaction is visible. Close this writer and start a new one for {tid!r}: "
+            "transaction is visible, but until it ends read_committed consumers of the "
+            "partitions it wrote to stop at its first record: it ends when the next "
+            "start() aborts it, or when the coordinator does after transaction.timeout.ms. "
+            f"Once the database answers, close this writer and start a new one for {tid!r}: "
             "its start() settles the last commit, then aborts this transaction"
         )
 

@@ -7,7 +7,8 @@ for confluent-kafka's own exceptions::
     KafkaException                      (confluent_kafka)
      └── KafkaTxnError                  base of everything raised here
           ├── FatalError                the producer is unusable: close it
-          │    └── ProducerFencedError  a newer producer owns the transactional.id
+          │    └── ProducerFencedError  epoch bumped: a newer producer owns the
+          │                             transactional.id, or a timeout abort
           ├── TransactionAbortableError abort the transaction; the producer stays usable
           │    └── CommitFailedException commit_transaction() failed without a fatal cause
           ├── ProduceFailedException    one record failed; .failure_type says how
@@ -215,8 +216,12 @@ class FatalError(KafkaTxnError):
 
 
 class ProducerFencedError(FatalError):
-    """Raised when another producer initialised the same ``transactional.id`` (a newer
-    epoch): this instance is a zombie and must stop."""
+    """Raised when the coordinator bumped this producer's epoch: another producer
+    initialised the same ``transactional.id`` (this instance is a zombie and must stop),
+    or the coordinator aborted the open transaction because it outlived
+    ``transaction.timeout.ms`` (a broker outage: Apache Kafka answers the producer's next
+    EndTxn PRODUCER_FENCED). Either way the producer is unusable: close it and create a
+    new one, making sure no other instance uses the id."""
 
 
 class TransactionAbortableError(KafkaTxnError):

@@ -75,7 +75,7 @@ TRANSITIONS: Final[Mapping[State, frozenset[State]]] = {
 ALLOWED: Final[Mapping[str, frozenset[State]]] = {
     "init_transactions": frozenset({S.NEW}),
     "init_transactions(keep_prepared_txn=True)": frozenset({S.NEW, S.RECOVERING}),
-    "begin_transaction": frozenset({S.READY}),
+    "begin_transaction": frozenset({S.READY, S.ABORTING}),  # ABORTING: finished first
     "produce": frozenset({S.IN_TRANSACTION}),
     "send": frozenset({S.IN_TRANSACTION}),
     "send_offsets_to_transaction": frozenset({S.IN_TRANSACTION}),
@@ -115,7 +115,8 @@ _HINTS: Final[Mapping[State, str]] = {
         "the next init_transactions() settle the transaction; never abort it"
     ),
     S.ABORTING: (
-        "abort_transaction() is running, or ran out of time: call abort_transaction() again"
+        "abort_transaction() is running, or ran out of time: call abort_transaction() "
+        "again (begin_transaction() also finishes it first)"
     ),
     S.ABORTABLE: "the transaction failed: call abort_transaction()",
     S.RECOVERING: (

@@ -32,6 +32,8 @@ from .errors import (
     FatalError,
     IllegalStateError,
     KafkaTxnError,
+    TransactionOutcomeUnknownError,
+    root_exception,
 )
 from .futures import _PENDING, DeliveryFuture
 from .lifecycle import ALLOWED, Lifecycle, State
@@ -239,8 +241,10 @@ class TransactionalProducer:
         )
         self._life, self._deliveries, self._io = parts.life, parts.deliveries, parts.io
         self._twophase, self._completion = parts.twophase, parts.completion
-        self._producer = parts.producer
-        self._produce = parts.producer.produce
+        # The Producer behind its Handle, and its own produce() (the hot path): close()
+        # lets go of both (Driver.release, _close), and nothing else holds it.
+        self._producer = parts.io.producer
+        self._produce = parts.io.produce
         # produce()/send() append themselves to this list, and pop, for prepare/commit/abort
         # to wait until none is under way (Completion.await_sends).
         self._under_way = parts.completion.under_way
@@ -290,9 +294,20 @@ class TransactionalProducer:
         )
 
     def begin_transaction(self) -> None:
-        """Start a transaction; records sent until commit or abort belong to it."""
+        """Start a transaction; records sent until commit or abort belong to it.
+
+        After an ``abort_transaction()`` that ran out of time (the producer is still
+        ``aborting``: a broker that stopped answering), this first finishes that abort,
+        within ``operation_timeout``: the decision to abort was made, and resuming it is
+        what the caller would have to do anyway. If it still does not complete,
+        ``TransactionOutcomeUnknownError`` says so and nothing is begun (call again once
+        the broker answers); if the coordinator meanwhile aborted that transaction itself
+        and fenced the producer (``transaction.timeout.ms`` passed during the outage),
+        the fatal error says to close the producer."""
         with self._lock, timed(self._metrics, "begin_transaction"):
             self._life.require("begin_transaction")
+            if self._life.state is State.ABORTING:
+                self._finish_abort()
             self._io.drain()
             self._deliveries.reset()
             try:
@@ -320,6 +335,26 @@ class TransactionalProducer:
             # (see transaction()).
             self._undo_begin()
             raise interrupted
+
+    def _finish_abort(self) -> None:
+        """begin_transaction() after an abort that ran out of time: resume it first."""
+        log.info(
+            "begin_transaction(): resuming the unfinished abort of %r's previous transaction",
+            self.transactional_id,
+        )
+        try:
+            self._completion.abort(None)
+        except TransactionOutcomeUnknownError as exc:
+            raise TransactionOutcomeUnknownError(
+                f"begin_transaction(): the abort of the previous transaction of "
+                f"{self.transactional_id!r} has not completed ({exc.message}), so nothing "
+                "was begun. Nothing of that transaction is visible to read_committed "
+                "consumers. Call begin_transaction() again once the broker answers: it "
+                "resumes the abort first",
+                kafka_error=exc.kafka_error,
+                operation="abort_transaction",
+            ) from root_exception(exc)
+        self._raise_callback_error("begin_transaction() finished the previous abort")
 
     def _undo_begin(self) -> None:
         """begin_transaction() was interrupted: end the transaction librdkafka may have
@@ -637,7 +672,9 @@ class TransactionalProducer:
         ``transaction.timeout.ms`` or when the transactional.id is next initialised),
         except a prepared or in-doubt one, which is left open for its decider or
         recovery, and one whose commit's outcome is unknown, which is never aborted
-        blindly. Safe to call more than once."""
+        blindly. In every state, librdkafka's threads, sockets and memory are released
+        before it returns (what is left open stays open at the broker). Safe to call more
+        than once."""
         self._close(timeout)
 
     def _close(self, timeout: float = 10.0, *, abort_open: bool = True) -> None:
@@ -699,7 +736,14 @@ class TransactionalProducer:
             self._life.transition_to(State.CLOSED)
             if self._twophase is not None:
                 self._twophase.close()
-            self._io.release(close_handle=idle and not keep_open)
+            try:
+                self._io.release(close_handle=idle and not keep_open)
+            finally:
+                # The last reference to librdkafka's handle: it is destroyed here. A
+                # pending DeliveryFuture's result() polls the driver from now on, which
+                # refuses as this producer would (no cycle back to this producer).
+                self._produce = self._io.produce
+                self._deliveries.poll = self._io.poll
             self._raise_callback_error(done)
 
     def __enter__(self) -> TransactionalProducer:

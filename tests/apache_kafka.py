@@ -323,6 +323,7 @@ class ApacheKafka:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
+        proc.send_signal(signal.SIGCONT)  # a paused broker would not act on SIGTERM
         proc.send_signal(sig)
         try:
             proc.wait(timeout=STOP_TIMEOUT_S)
@@ -333,6 +334,22 @@ class ApacheKafka:
     def kill(self) -> None:
         """A crash: SIGKILL, the data kept for ``start()``."""
         self._end_process(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        """A controlled shutdown (SIGTERM), the data kept for ``start()``."""
+        self._end_process(signal.SIGTERM)
+
+    def pause(self) -> None:
+        """An outage with the process kept: SIGSTOP. The broker answers nothing (its
+        sockets stay open, so clients time out rather than see a refused connection)
+        until ``resume()``; its clocks go on, so transactions it holds may time out."""
+        assert self._proc is not None, "the broker is not running"
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """The end of ``pause()``'s outage: SIGCONT."""
+        assert self._proc is not None, "the broker is not running"
+        self._proc.send_signal(signal.SIGCONT)
 
     def restart(self) -> None:
         """A clean restart on the same ports and data (SIGTERM: controlled shutdown)."""

@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError
 from kafka_txn import ERROR_TABLE, ErrorCategory, FailureType, classification, classify
 from kafka_txn._docs import update_docs
 from kafka_txn.classification import (
+    _FENCED_ADVICE,
     ErrorRule,
     exception_for,
     produce_failure,
@@ -310,8 +311,8 @@ def test_unknown_code_row_in_full():
 @pytest.mark.parametrize(
     ("code", "operation", "cls", "advice"),
     [
-        (KafkaError.PRODUCER_FENCED, "commit_transaction", ProducerFencedError, "unusable"),
-        (KafkaError._FENCED, "send_offsets_to_transaction", ProducerFencedError, "unusable"),
+        (KafkaError.PRODUCER_FENCED, "commit_transaction", ProducerFencedError, "fenced"),
+        (KafkaError._FENCED, "send_offsets_to_transaction", ProducerFencedError, "fenced"),
         (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "init_transactions", FatalError,
          "unusable"),
         (KafkaError._MSG_TIMED_OUT, "commit_transaction", CommitFailedException, "abort"),
@@ -329,9 +330,14 @@ def test_exception_for_builds_the_error_its_category_says(code, operation, cls, 
         "unusable": "the producer is unusable: close it (and its consumer) and create a new one",
         "abort": "abort the transaction, rewind the inputs, and retry in a new transaction",
         "transient": "transient; retry the call",
+        # Fencing names both ways an epoch is bumped: another producer's init, and the
+        # coordinator's abort of a transaction past transaction.timeout.ms.
+        "fenced": _FENCED_ADVICE,
     }
     assert str(exc) == f"{operation} failed: {err.str()} ({err.name()}); {advices[advice]}"
     assert exc.kafka_error is err
+    if advice == "fenced":
+        assert "transaction.timeout.ms" in str(exc) and "close it" in str(exc)
 
 
 @pytest.mark.parametrize(

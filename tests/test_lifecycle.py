@@ -123,6 +123,7 @@ SPEC_CALLS: dict[tuple[State, str], State] = {
     (S.IN_DOUBT, COMMIT): S.READY,
     (S.IN_DOUBT, COMPLETE): S.READY,
     (S.ABORTING, ABORT): S.READY,
+    (S.ABORTING, BEGIN): S.IN_TRANSACTION,  # finishes the abort that ran out of time first
     (S.ABORTABLE, ABORT): S.READY,
     (S.RECOVERING, KEEP): S.RECOVERING,
     (S.RECOVERING, COMMIT): S.READY,

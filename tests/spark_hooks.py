@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -78,3 +79,23 @@ class RecordSteps(_Hook):
 
     def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
         (Path(self.folder) / f"{batch_id}-{partition}-{attempt}-{step}").touch()
+
+
+@dataclass(frozen=True)
+class PauseBrokerInBatch(_Hook):
+    """Once, in batch ``batch`` after partition 0's records were sent, pause the broker
+    (SIGSTOP to ``pid``) for ``seconds``: a separate process sends SIGCONT, so the pause
+    ends whatever becomes of the task and its worker."""
+
+    pid: int = 0
+    seconds: float = 0.0
+    batch: int = 1
+
+    def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
+        hit = batch_id == self.batch and partition == 0 and step == "after_send"
+        if hit and self.once("paused"):
+            os.kill(self.pid, signal.SIGSTOP)
+            subprocess.Popen(
+                ["sh", "-c", f"sleep {self.seconds}; kill -CONT {self.pid}"],
+                start_new_session=True,
+            )

@@ -25,7 +25,8 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -372,3 +373,22 @@ class ApacheKafka:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+FAST_TIMEOUT_ABORTS: Mapping[str, str] = {
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"
+}
+"""The coordinator looks for transactions past transaction.timeout.ms every 10 s by
+default; once a second with this, so that a timeout abort comes soon after the timeout."""
+
+
+@contextmanager
+def running(**settings: Any) -> Iterator[ApacheKafka]:
+    """A module's own broker (``ApacheKafka(**settings)``), stopped by its PID at the end;
+    skips unless Java and Maven are here (``require_java_and_maven``)."""
+    require_java_and_maven()
+    server = ApacheKafka(**settings).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -51,10 +51,8 @@ from kafka_txn import (
 from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from kafka_txn.errors import KafkaTxnError
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
-from tests.apache_kafka import ApacheKafka, require_java_and_maven
+from tests.apache_kafka import FAST_TIMEOUT_ABORTS, ApacheKafka, running
 from tests.rig import Broker
-
-_BROKER_PROPERTIES = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"}
 
 _TXN_TIMEOUT_MS = 6000
 """transaction.timeout.ms of the producers here: a long outage is longer than this."""
@@ -92,12 +90,8 @@ class _Kafka:
 
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[_Kafka]:
-    require_java_and_maven()
-    server = ApacheKafka(properties=_BROKER_PROPERTIES).start()
-    try:
+    with running(properties=FAST_TIMEOUT_ABORTS) as server:
         yield _Kafka(server)
-    finally:
-        server.stop()
 
 
 class _Paused:

@@ -40,15 +40,11 @@ from kafka_txn import (
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient, TransactionDescription
 from kafka_txn.recovery import Verdict, decide
 from kafka_txn.testing import FaultProxy
-from tests.apache_kafka import ApacheKafka, require_java_and_maven
+from tests.apache_kafka import FAST_TIMEOUT_ABORTS, ApacheKafka, running
 from tests.rig import Broker
 
 # How a test takes the coordinator down and up again between two transactions.
 RESTARTS = ["restart", "kill"]
-
-# The coordinator looks for transactions past transaction.timeout.ms every 10 s by
-# default; once a second here, so that a timeout abort comes soon after the timeout.
-_BROKER_PROPERTIES = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"}
 
 
 class _Kafka:
@@ -74,12 +70,8 @@ class _Kafka:
 
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[_Kafka]:
-    require_java_and_maven()
-    server = ApacheKafka(properties=_BROKER_PROPERTIES).start()
-    try:
+    with running(properties=FAST_TIMEOUT_ABORTS) as server:
         yield _Kafka(server)
-    finally:
-        server.stop()
 
 
 # ---------------------------------------------------------------- helpers

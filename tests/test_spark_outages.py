@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
 from kafka_txn.spark import KafkaJdbcSink
 from tests import spark_hooks
-from tests.apache_kafka import ApacheKafka, require_java_and_maven
+from tests.apache_kafka import FAST_TIMEOUT_ABORTS, ApacheKafka, running
 from tests.rig import Broker
 
 _TXN_TIMEOUT_MS = 6000
@@ -32,14 +32,8 @@ _OUTAGE_S = 10.0
 
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[tuple[ApacheKafka, Broker]]:
-    require_java_and_maven()
-    server = ApacheKafka(
-        properties={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"}
-    ).start()
-    try:
+    with running(properties=FAST_TIMEOUT_ABORTS) as server:
         yield server, Broker(server.bootstrap_servers, server.description)
-    finally:
-        server.stop()
 
 
 def test_a_batch_whose_broker_stops_answering_is_written_once_when_it_answers_again(

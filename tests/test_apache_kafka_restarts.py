@@ -622,16 +622,6 @@ def _offsets(kafka: _Kafka, group: str, topic: str) -> dict[int, int] | None:
         return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "ExactlyOnceProcessor stalls after a broker restart: its "
-        "send_offsets_to_transaction() stays blocked in librdkafka for the whole "
-        "operation timeout (transaction.timeout.ms), and the loop commits nothing "
-        "for 45 s, nor returns soon after stop()"
-    ),
-)
 @pytest.mark.parametrize("how", [KILL, TERMINATE])
 def test_exactly_once_processor_with_the_broker_going_down_at_random_moments(
     kafka: _Kafka, request: pytest.FixtureRequest, rng: random.Random, how: str

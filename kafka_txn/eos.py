@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import tenacity
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition, libversion
 
 from .config import ProducerSettings
 from .delivery import DeliveryCallback
@@ -236,7 +236,7 @@ class ExactlyOnceProcessor:
                 "auto.offset.reset": consumer_config.get("auto.offset.reset", "earliest"),
             }
         )
-        self.producer = TransactionalProducer(producer_config)
+        self.producer = TransactionalProducer(_without_rebootstrap(producer_config))
 
     def stop(self) -> None:
         """Ask ``run()`` to return after the current transaction (thread-safe)."""
@@ -555,6 +555,34 @@ class ExactlyOnceProcessor:
         gone = {(tp.topic, tp.partition) for tp in partitions}
         for key in [k for k in self._one_by_one if k in gone]:
             del self._one_by_one[key]
+
+
+def _without_rebootstrap(
+    config: Mapping[str, Any] | ProducerSettings,
+) -> Mapping[str, Any] | ProducerSettings:
+    """The processor's producer settings, with ``metadata.recovery.strategy=none`` unless
+    the user chose a strategy (librdkafka 2.10 and later, which re-bootstrap by default).
+
+    Re-bootstrapping after an outage of every broker (KIP-899; a one-node cluster
+    restarted) decommissions librdkafka's broker handles, but its coordinator cache
+    (``rk_coord_cache``) keeps the group coordinator's old handle: the TxnOffsetCommit
+    step of ``send_offsets_to_transaction()`` (``rd_kafka_coord_req()``, from
+    ``rd_kafka_txn_handle_AddOffsetsToTxn``) then waits for a handle that never comes
+    up. ``rd_kafka_coord_req_fsm()`` runs again only on another broker's state change,
+    and the request's timeout is never checked, so the call blocks past its timeout and
+    the loop commits nothing until the next outage (librdkafka issue 5511). With
+    ``none`` the handles outlive the outage and reconnect. The cost: a cluster whose
+    every broker changed address while all were down is not found again from
+    ``bootstrap.servers``."""
+    if isinstance(config, ProducerSettings):
+        conf = config.to_librdkafka()
+    elif isinstance(config, Mapping):
+        conf = dict(config)
+    else:
+        return config  # not a configuration: TransactionalProducer says so
+    if libversion()[1] >= 0x020A0000:
+        conf.setdefault("metadata.recovery.strategy", "none")
+    return conf
 
 
 def _position(record: Message) -> tuple[str, int, int]:

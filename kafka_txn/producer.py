@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition, libversion
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.serialization import SerializationContext
 
 from ._completion import Completion, may_abort_after_fatal
@@ -66,20 +66,6 @@ _OPEN_STATES = frozenset(
     }
 )
 
-
-_REBOOTSTRAPS = libversion()[1] >= 0x020A0000
-"""Whether librdkafka re-bootstraps when every broker it knows is down (KIP-899,
-``metadata.recovery.strategy=rebootstrap``, the default from librdkafka 2.10). The
-producer sets ``metadata.recovery.strategy=none`` unless the user chose a strategy:
-re-bootstrapping decommissions the broker handles, but the coordinator cache
-(``rk_coord_cache``) keeps the group coordinator's old handle, so after a whole-cluster
-outage (a one-node cluster restarted) the TxnOffsetCommit step of
-``send_offsets_to_transaction()`` (``rd_kafka_coord_req()``) waits for a handle that never
-comes up: ``rd_kafka_coord_req_fsm()`` runs again only on another broker's state change,
-and the request's timeout is never checked, so the call blocks past its timeout until the
-next outage (librdkafka issue 5511). With ``none`` the handles outlive the outage and
-reconnect. The cost: a cluster whose every broker changed address while all were down
-is not found again from ``bootstrap.servers``."""
 
 _PROBE_LOG = logging.Logger("kafka_txn.settings_probe", logging.CRITICAL + 1)
 """Where a settings probe's librdkafka log lines go: nowhere (a Logger outside the
@@ -179,8 +165,6 @@ def _assemble(
     conf["error_cb"] = io.on_error
     # librdkafka's own log lines go to Python logging (served from poll()), not stderr.
     conf.setdefault("logger", _LIBRDKAFKA_LOG)
-    if _REBOOTSTRAPS:
-        conf.setdefault("metadata.recovery.strategy", "none")
     twophase = TwoPhase.configure(
         conf,
         validated,

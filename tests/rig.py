@@ -317,6 +317,19 @@ def start_testcontainers() -> Broker:
     return Broker(bootstrap, f"testcontainers Kafka ({container.image})", container.stop)
 
 
+class OwnKafka:
+    """A test module's own Apache Kafka: the process (to pause, kill or restart, by PID)
+    and the rig's kafka-python reader of it."""
+
+    def __init__(self, server: ApacheKafka) -> None:
+        self.server = server
+        self.broker = Broker(server.bootstrap_servers, server.description)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.server.bootstrap_servers
+
+
 def start_apache_kafka() -> Broker:
     """Apache Kafka from Maven (tests/apache_kafka.py), at the version and transaction
     version the environment names."""

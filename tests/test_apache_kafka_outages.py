@@ -51,8 +51,8 @@ from kafka_txn import (
 from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from kafka_txn.errors import KafkaTxnError
 from kafka_txn.jdbc import jdbc_to_sqlalchemy
-from tests.apache_kafka import FAST_TIMEOUT_ABORTS, ApacheKafka, running
-from tests.rig import Broker
+from tests.apache_kafka import FAST_TIMEOUT_ABORTS, running
+from tests.rig import OwnKafka
 
 _TXN_TIMEOUT_MS = 6000
 """transaction.timeout.ms of the producers here: a long outage is longer than this."""
@@ -62,14 +62,8 @@ _SHORT_OUTAGE_S = 4.0
 _LONG_OUTAGE_S = 10.0
 
 
-class _Kafka:
-    def __init__(self, server: ApacheKafka) -> None:
-        self.server = server
-        self.broker = Broker(server.bootstrap_servers, server.description)
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.server.bootstrap_servers
+class _Kafka(OwnKafka):
+    """The module's broker, with the producer settings and the outage of its tests."""
 
     def config(self, **extra: Any) -> dict[str, Any]:
         return {

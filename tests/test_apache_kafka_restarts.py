@@ -81,7 +81,7 @@ from tests.crash_app import _db as crash_app_db
 from tests.crash_app import store_state, stored_state
 from tests.databases import drop_tables
 from tests.dualwrite_app import events_table
-from tests.rig import Broker
+from tests.rig import OwnKafka
 from tests.test_eos import _committed, _positions_after_last_record, _seed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,20 +101,14 @@ _OPERATION_TIMEOUT_S = 3.0
 _RECORDS = 4
 
 
-class _Kafka:
-    """The module's broker: its process (taken down and started again, by PID) and the
-    rig's kafka-python reader of it."""
+class _Kafka(OwnKafka):
+    """The module's broker, taken down by its PID and started again in the background."""
 
     def __init__(self, server: ApacheKafka) -> None:
-        self.server = server
-        self.broker = Broker(server.bootstrap_servers, server.description)
+        super().__init__(server)
         self._starting: threading.Thread | None = None
         self._start_failed: BaseException | None = None
         self._lock = threading.Lock()
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.server.bootstrap_servers
 
     def down(self, how: str) -> None:
         """Take the broker (the only one: every coordinator and leader) down, by its PID;

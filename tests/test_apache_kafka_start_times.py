@@ -40,23 +40,15 @@ from kafka_txn import (
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient, TransactionDescription
 from kafka_txn.recovery import Verdict, decide
 from kafka_txn.testing import FaultProxy
-from tests.apache_kafka import FAST_TIMEOUT_ABORTS, ApacheKafka, running
-from tests.rig import Broker
+from tests.apache_kafka import FAST_TIMEOUT_ABORTS, running
+from tests.rig import OwnKafka
 
 # How a test takes the coordinator down and up again between two transactions.
 RESTARTS = ["restart", "kill"]
 
 
-class _Kafka:
-    """The module's broker: the process (to restart) and the rig's reader of it."""
-
-    def __init__(self, server: ApacheKafka) -> None:
-        self.server = server
-        self.broker = Broker(server.bootstrap_servers, server.description)
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.server.bootstrap_servers
+class _Kafka(OwnKafka):
+    """The module's broker, taken down and up again between two transactions."""
 
     def bounce(self, how: str) -> None:
         """Take the broker (the only one, so every coordinator) down and up again on the

@@ -237,7 +237,9 @@ def _abortable(broker: Broker, topic: str) -> tuple[TransactionalProducer, Calla
     return p, p.close
 
 
-def _fenced(broker: Broker, topic: str) -> tuple[TransactionalProducer, Callable[[], None]]:
+def _fencing(broker: Broker, topic: str) -> tuple[TransactionalProducer, TransactionalProducer]:
+    """A producer with a delivered record in its open transaction, and a newer one with
+    the same transactional id whose init fenced it (the old one does not know yet)."""
     config = _txn_config(broker)
     old = TransactionalProducer(config)
     old.init_transactions()
@@ -246,6 +248,11 @@ def _fenced(broker: Broker, topic: str) -> tuple[TransactionalProducer, Callable
     old.flush()
     new = TransactionalProducer(config)
     new.init_transactions()  # fences the old one
+    return old, new
+
+
+def _fenced(broker: Broker, topic: str) -> tuple[TransactionalProducer, Callable[[], None]]:
+    old, new = _fencing(broker, topic)
     with pytest.raises(ProducerFencedError):
         old.produce(topic, b"fenced-2")
         old.commit_transaction()
@@ -308,15 +315,8 @@ def test_close_while_the_fatal_error_is_handled_destroys_the_handle(
     librdkafka intact, and also kept by the producer as its fatal error): the Producer
     is gone when close() returns, and the error keeps its traceback."""
     topic = broker.create_topic(partitions=1)
-    config = _txn_config(broker)
     with _no_gc():
-        old = TransactionalProducer(config)
-        old.init_transactions()
-        old.begin_transaction()
-        old.produce(topic, b"fenced")
-        old.flush()
-        new = TransactionalProducer(config)
-        new.init_transactions()  # fences the old one
+        old, new = _fencing(broker, topic)
         try:
             old.produce(topic, b"fenced-2")
             old.commit_transaction()

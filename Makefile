@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 run: setup
 	$(VENV)/bin/kafka-txn demo
 
-# The whole suite, on Apache Kafka from Maven when Java and Maven are here (tests/rig.py
+# The whole suite, on Apache Kafka from Maven when Java and Maven are here (tests/support/rig.py
 # says the order; the run's header and summary name the broker that ran).
 test: setup databases
 	$(PY) -m pytest
@@ -34,8 +34,10 @@ test: setup databases
 # covers: Apache Kafka formatted with transaction.version 0 (no KIP-890 part 2), and
 # noida-db (no Java). Every other module runs once, in make test; to run every
 # broker-facing test on both: make conformance-matrix MATRIX_TESTS='-m conformance'.
-MATRIX_MODULES := producer two_phase prepare_identity recovery dualwrite eos broker kafka_fidelity
-MATRIX_TESTS ?= -m conformance $(MATRIX_MODULES:%=tests/test_%.py)
+MATRIX_MODULES := producer/test_producer twophase/test_two_phase twophase/test_prepare_identity \
+	twophase/test_recovery dualwrite/test_writer eos/test_eos broker/test_broker \
+	broker/test_kafka_fidelity
+MATRIX_TESTS ?= -m conformance $(MATRIX_MODULES:%=tests/%.py)
 conformance-matrix: setup databases
 	KAFKA_TXN_TRANSACTION_VERSION=0 $(PY) -m pytest $(MATRIX_TESTS)
 	KAFKA_TXN_TEST_BROKER=noida $(PY) -m pytest $(MATRIX_TESTS)
@@ -46,7 +48,7 @@ lint: setup
 	$(VENV)/bin/mypy --strict kafka_txn
 
 # Every benchmark, each against its raw confluent-kafka baseline in the same run, on the
-# test rig's broker (tests/rig.py's order: Apache Kafka from Maven when Java and Maven are
+# test rig's broker (tests/support/rig.py's order: Apache Kafka from Maven when Java and Maven are
 # here), which each one names; KAFKA_TXN_TEST_BROKER=noida make bench runs them on
 # noida-db (docs/performance.md).
 bench: setup databases
@@ -77,15 +79,15 @@ $(SPARK_STAMP): pyproject.toml constraints.txt
 	touch $(SPARK_STAMP)
 
 test-spark-oldest: $(SPARK_STAMP)
-	$(SPARK_VENV)/bin/python -m pytest $(sort $(wildcard tests/test_spark*.py))
+	$(SPARK_VENV)/bin/python -m pytest tests/spark
 
-# The adversarial dual-write test (tests/test_adversarial.py) for 10 minutes per database
+# The adversarial dual-write test (tests/adversaries/test_adversarial.py) for 10 minutes per database
 # instead of the seconds it gets in `make test`; KAFKA_TXN_ADVERSARY_SEED picks the schedule.
 .PHONY: soak
 soak: setup
-	KAFKA_TXN_SOAK_SECONDS=600 $(PY) -m pytest tests/test_adversarial.py
+	KAFKA_TXN_SOAK_SECONDS=600 $(PY) -m pytest tests/adversaries/test_adversarial.py
 
-# Mutation testing (tests/mutants.py; not part of `make test`): mutmut mutates one module
+# Mutation testing (tests/support/mutants.py; not part of `make test`): mutmut mutates one module
 # at a time in a copy of this checkout and runs the tests that state its guarantees.
 # `make mutants` runs the fast targets (recovery, lifecycle, classification: about an hour
 # on 2 cores); MUTANTS="twophase dualwrite producer" or MUTANTS=all for the broker-bound
@@ -99,4 +101,4 @@ $(MUTATION_STAMP): $(STAMP)
 	touch $(MUTATION_STAMP)
 
 mutants: $(MUTATION_STAMP)
-	$(PY) -m tests.mutants $(MUTANTS)
+	$(PY) -m tests.support.mutants $(MUTANTS)

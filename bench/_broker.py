@@ -1,4 +1,4 @@
-"""The broker a benchmark runs on: the test rig's (``tests/rig.py``), chosen the same way,
+"""The broker a benchmark runs on: the test rig's (``tests/support/rig.py``), chosen the same way,
 so that a figure in docs/performance.md comes from the broker the test suite runs on.
 
 The rig's order applies: ``KAFKA_BOOTSTRAP_SERVERS`` (a cluster of one's own), else
@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.rig import FORCED, Broker, chosen, start_broker
+from tests.support.rig import FORCED, Broker, chosen, start_broker
 
 __all__ = ["add_broker_argument", "running_broker"]
 

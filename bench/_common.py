@@ -14,7 +14,7 @@ delay proxies behind it, and the line that says where and with what a run was ma
 
 With ``--delay-ms 0`` (the default) nothing is proxied: ``net`` holds the addresses as
 given (a proxy costs throughput even without delay). Otherwise Kafka goes through
-``tests.kafka_proxy.KafkaProxy`` and the database through ``bench._delay.DelayProxy``,
+``tests.proxies.kafka_proxy.KafkaProxy`` and the database through ``bench._delay.DelayProxy``,
 both with that one-way delay on every byte, in one process of their own (their Python
 code does not compete with the benchmark's for its GIL). The raw baseline and kafka-txn
 must both use ``net``'s addresses, so that both pay the same latency in the same run.

@@ -6,7 +6,7 @@ Each direction of each connection is a FIFO of timestamped chunks: a chunk read 
 ``delay_ms`` more, as on a network with that one-way latency, and pipelined traffic is
 not serialised behind the delay (no sleeping per chunk). Kafka needs more than a byte
 pipe (the broker's addresses in Metadata and FindCoordinator must point at the proxy
-too): ``tests.kafka_proxy.KafkaProxy`` does that with the same ``delay_ms``.
+too): ``tests.proxies.kafka_proxy.KafkaProxy`` does that with the same ``delay_ms``.
 
 Run as ``python -m bench._delay --delay-ms 1 [--kafka HOST:PORT] [--tcp HOST:PORT ...]``
 it serves both kinds in a process of its own, so that the proxies' Python code never
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     served: dict[str, str] = {}
     if args.kafka:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tests.kafka_proxy import KafkaProxy
+        from tests.proxies.kafka_proxy import KafkaProxy
 
         kafka = KafkaProxy(args.kafka, delay_ms=args.delay_ms)
         closers.append(kafka.close)

@@ -54,10 +54,10 @@ from sqlalchemy import (
 
 from bench._broker import add_broker_argument, running_broker
 from bench._common import Network, add_delay_argument, behind_delay, environment, spread
-from kafka_txn.dualwrite import STEPS, DualWriter
-from kafka_txn.jdbc import jdbc_to_sqlalchemy
-from tests.databases import POSTGRES_JDBC, ensure_running
-from tests.rig import Broker
+from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
+from kafka_txn.dualwrite.writer import STEPS, DualWriter
+from tests.support.databases import POSTGRES_JDBC, ensure_running
+from tests.support.rig import Broker
 
 VALUE = "x" * 100
 
@@ -231,7 +231,7 @@ def _dual(
 
     def count_cursor_statement(conn: object, cursor: object, statement: str, *rest: object) -> None:
         # On PostgreSQL the pipeline carries BEGIN and COMMIT as statements of their own
-        # (kafka_txn/_pg_pipeline.py); the COMMIT is counted once, by the commit event.
+        # (kafka_txn/dualwrite/pg_pipeline.py); the COMMIT is counted once, by the commit event.
         if statement.split(None, 1)[0].upper() not in ("BEGIN", "COMMIT"):
             seen[0] += 1
 

@@ -47,14 +47,14 @@ from sqlalchemy.engine import Engine
 
 from bench._broker import add_broker_argument, running_broker
 from bench._common import Network, add_delay_argument, behind_delay, environment
-from kafka_txn._sink_ledger import Ledger
-from kafka_txn._sink_settle import SETTLE_THREADS, settle_unfinished
-from kafka_txn.dualwrite import DualWriter
+from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
+from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import InvalidPreparedStateError, TransactionInDoubtError
-from kafka_txn.jdbc import jdbc_to_sqlalchemy
-from kafka_txn.recovery import TransactionOutcome
+from kafka_txn.spark.ledger import Ledger
+from kafka_txn.spark.settle import SETTLE_THREADS, settle_unfinished
 from kafka_txn.state import PreparedTxnState
-from tests.databases import POSTGRES_JDBC, ensure_running
+from kafka_txn.twophase.recovery import TransactionOutcome
+from tests.support.databases import POSTGRES_JDBC, ensure_running
 
 
 class _StopError(Exception):

@@ -42,8 +42,8 @@ from bench._common import (  # noqa: E402
     behind_delay,
     environment,
 )
-from kafka_txn.spark import KafkaJdbcSink  # noqa: E402
-from tests.databases import POSTGRES_JDBC, ensure_running  # noqa: E402
+from kafka_txn.spark.sink import KafkaJdbcSink  # noqa: E402
+from tests.support.databases import POSTGRES_JDBC, ensure_running  # noqa: E402
 
 
 class NaivePartitionWriter:
@@ -56,7 +56,7 @@ class NaivePartitionWriter:
         from confluent_kafka import Producer
         from sqlalchemy import Column, LargeBinary, MetaData, Table, Text, create_engine, insert
 
-        from kafka_txn.jdbc import jdbc_to_sqlalchemy
+        from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 
         table = Table(self.table, MetaData(), Column("key", LargeBinary), Column("value", Text))
         engine = create_engine(jdbc_to_sqlalchemy(self.jdbc))
@@ -184,9 +184,9 @@ def _throughput(spark: Any, broker: Any, net: Network, args: argparse.Namespace)
 def _create_table(jdbc: str, table: str, df: Any) -> None:
     from sqlalchemy import create_engine
 
-    from kafka_txn._ddl import create_table_if_missing
-    from kafka_txn._spark_mapping import Mapping
-    from kafka_txn.jdbc import jdbc_to_sqlalchemy
+    from kafka_txn.dualwrite.ddl import create_table_if_missing
+    from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
+    from kafka_txn.spark.mapping import Mapping
 
     engine = create_engine(jdbc_to_sqlalchemy(jdbc))
     try:
@@ -199,7 +199,7 @@ def _drop_tables(jdbc: str, *tables: str) -> None:
     """Drop what a run created in the database, once it is done with it."""
     from sqlalchemy import create_engine, text
 
-    from kafka_txn.jdbc import jdbc_to_sqlalchemy
+    from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 
     engine = create_engine(jdbc_to_sqlalchemy(jdbc))
     try:

@@ -13,11 +13,10 @@ import *`` leaves them out.
 import importlib
 from typing import TYPE_CHECKING
 
-from . import _logging  # noqa: F401 - a NullHandler: silent unless logging is configured
-from ._extras import installed, missing_extra
-from .classification import ERROR_TABLE, ErrorRule, classify
-from .config import ProducerSettings
-from .errors import (
+from kafka_txn._extras import installed, missing_extra
+from kafka_txn.classification import ERROR_TABLE, ErrorRule, classify
+from kafka_txn.config import ProducerSettings
+from kafka_txn.errors import (
     CommitFailedException,
     ConfigurationError,
     DatabaseCommitUnknownError,
@@ -38,22 +37,24 @@ from .errors import (
     TransactionOutcomeUnknownError,
     UnsupportedBrokerError,
 )
-from .futures import DeliveryFuture
-from .producer import DeliveryCallback, Serializer, TransactionalProducer
-from .recovery import TransactionOutcome
-from .state import PreparedTxnState
+from kafka_txn.producer.futures import DeliveryFuture
+from kafka_txn.producer.transactional import DeliveryCallback, Serializer, TransactionalProducer
+from kafka_txn.state import PreparedTxnState
+from kafka_txn.twophase.recovery import TransactionOutcome
+
+from . import _logging  # noqa: F401 - a NullHandler: silent unless logging is configured
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time, __getattr__ below
-    from .dualwrite import DualWriter, DualWriteTransaction
-    from .jdbc import jdbc_to_sqlalchemy
-    from .spark import KafkaJdbcSink
+    from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
+    from kafka_txn.dualwrite.writer import DualWriter, DualWriteTransaction
+    from kafka_txn.spark.sink import KafkaJdbcSink
 
 _OPTIONAL = {
     "DualWriter": ("kafka_txn.dualwrite", "sql"),
     "DualWriteTransaction": ("kafka_txn.dualwrite", "sql"),
-    "jdbc_to_sqlalchemy": ("kafka_txn.jdbc", "sql"),
+    "jdbc_to_sqlalchemy": ("kafka_txn.dualwrite.jdbc", "sql"),
     "KafkaJdbcSink": ("kafka_txn.spark", "spark"),
 }
 """Public names whose module needs an optional extra: (module, extra)."""

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from . import _OPTIONAL, errors
-from .classification import render_markdown
-from .coordinator.security import render_markdown as render_security_table
-from .lifecycle import ALLOWED, State, render_mermaid
+from kafka_txn import _OPTIONAL, errors
+from kafka_txn.classification import render_markdown
+from kafka_txn.coordinator.security import render_markdown as render_security_table
+from kafka_txn.producer.lifecycle import ALLOWED, State, render_mermaid
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

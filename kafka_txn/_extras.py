@@ -1,5 +1,6 @@
 """The optional extras (``pip install 'kafka-txn[sql]'`` ...): which top-level packages
-each one brings, whether they are installed, and the ImportError that names the extra.
+each one brings, whether they are installed, the ImportError that names the extra, and
+the lazy re-exports of the capability packages.
 
 The core package needs only confluent-kafka, pydantic and tenacity; the modules below
 import an extra's package at their top, inside a ``try`` whose ``except`` raises
@@ -9,10 +10,12 @@ installs it rather than as a bare ``ModuleNotFoundError``.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from collections.abc import Callable, Mapping
 from typing import Final
 
-__all__ = ["EXTRAS", "installed", "missing_extra"]
+__all__ = ["EXTRAS", "installed", "lazy_exports", "missing_extra"]
 
 EXTRAS: Final[dict[str, tuple[str, ...]]] = {
     "sql": ("sqlalchemy",),
@@ -45,3 +48,20 @@ def missing_extra(feature: str, extra: str, exc: ImportError) -> ImportError:
         f"{feature} needs the [{extra}] extra: pip install 'kafka-txn[{extra}]' ({exc})",
         name=exc.name,
     )
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], object]:
+    """A module ``__getattr__`` for ``package`` that imports ``exports[name]`` (a module
+    path) on first use of ``name`` and returns its attribute of that name.
+
+    The capability packages re-export their public names this way: importing a package
+    runs no module of it, so one of its modules may import another package's module
+    without an import cycle through the packages' ``__init__``, and a package whose
+    modules need an extra imports (and needs) it only when one of its names is used."""
+
+    def exported(name: str) -> object:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(exports[name]), name)
+
+    return exported

@@ -21,7 +21,7 @@ from typing import Final
 
 from confluent_kafka import KafkaError
 
-from .errors import (
+from kafka_txn.errors import (
     CommitFailedException,
     ErrorCategory,
     FailureType,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ConfigurationError
+from kafka_txn.errors import ConfigurationError
 
 __all__ = ["ProducerSettings", "ValidatedConfig", "validate_config"]
 

@@ -35,9 +35,8 @@ from typing import Any, NamedTuple, Protocol
 import tenacity
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition, libversion
 
-from .config import ProducerSettings
-from .delivery import DeliveryCallback
-from .errors import (
+from kafka_txn.config import ProducerSettings
+from kafka_txn.errors import (
     ConfigurationError,
     FailureType,
     FatalError,
@@ -46,7 +45,8 @@ from .errors import (
     TransactionOutcomeUnknownError,
     root_exception,
 )
-from .producer import TransactionalProducer
+from kafka_txn.producer.delivery import DeliveryCallback
+from kafka_txn.producer.transactional import TransactionalProducer
 
 __all__ = [
     "DeadLetterRecoverer",

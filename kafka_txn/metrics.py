@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import FailureType
+from kafka_txn.errors import FailureType
 
 __all__ = ["InMemoryMetrics", "MetricsHook", "PrometheusMetrics", "timed"]
 

@@ -25,7 +25,7 @@ from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import InvalidPreparedStateError
+from kafka_txn.errors import InvalidPreparedStateError
 
 __all__ = ["MAX_SERIALIZED_LENGTH", "PreparedTxnState"]
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import confluent_kafka
 
-from .coordinator import codec
-from .coordinator.messages import (
+from kafka_txn.coordinator import codec
+from kafka_txn.coordinator.messages import (
     DESCRIBE_TRANSACTIONS,
     END_TXN,
     FIND_COORDINATOR,

@@ -1,7 +1,7 @@
 """A minimal Kafka protocol client for the transaction coordinator (two-phase commit and
 recovery need requests librdkafka does not expose)."""
 
-from .client import CoordinatorClient, CoordinatorError, TransactionDescription
-from .connection import ConnectionSettings
+from kafka_txn.coordinator.client import CoordinatorClient, CoordinatorError, TransactionDescription
+from kafka_txn.coordinator.connection import ConnectionSettings
 
 __all__ = ["ConnectionSettings", "CoordinatorClient", "CoordinatorError", "TransactionDescription"]

@@ -28,9 +28,8 @@ from typing import Any, TypeVar
 import tenacity
 from confluent_kafka import KafkaError
 
-from ..errors import UnsupportedBrokerError
-from .codec import encode
-from .connection import (
+from kafka_txn.coordinator.codec import encode
+from kafka_txn.coordinator.connection import (
     AuthenticationError,
     BrokerConnection,
     ConnectionSettings,
@@ -40,7 +39,13 @@ from .connection import (
     ProtocolError,
     TlsDroppedError,
 )
-from .messages import DESCRIBE_TRANSACTIONS, END_TXN, FIND_COORDINATOR, INIT_PRODUCER_ID
+from kafka_txn.coordinator.messages import (
+    DESCRIBE_TRANSACTIONS,
+    END_TXN,
+    FIND_COORDINATOR,
+    INIT_PRODUCER_ID,
+)
+from kafka_txn.errors import UnsupportedBrokerError
 
 __all__ = ["CoordinatorClient", "CoordinatorError", "DescribeAhead", "TransactionDescription"]
 

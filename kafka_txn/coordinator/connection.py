@@ -26,14 +26,19 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..errors import ConfigurationError
-from .codec import NULLABLE_STRING, Reader, Writer, decode, encode
-from .foreign import describe_answer
-from .messages import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE, Api
-from .oauthbearer import OAuthBearerError, OAuthToken, TokenSource, client_first_message
-from .scram import ScramClient, ScramError
-from .security import check_security_keys
-from .tls import TlsSettings
+from kafka_txn.coordinator.codec import NULLABLE_STRING, Reader, Writer, decode, encode
+from kafka_txn.coordinator.foreign import describe_answer
+from kafka_txn.coordinator.messages import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE, Api
+from kafka_txn.coordinator.oauthbearer import (
+    OAuthBearerError,
+    OAuthToken,
+    TokenSource,
+    client_first_message,
+)
+from kafka_txn.coordinator.scram import ScramClient, ScramError
+from kafka_txn.coordinator.security import check_security_keys
+from kafka_txn.coordinator.tls import TlsSettings
+from kafka_txn.errors import ConfigurationError
 
 __all__ = [
     "AuthenticationError",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .codec import (
+from kafka_txn.coordinator.codec import (
     BOOL,
     BYTES,
     INT8,

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from ..errors import ConfigurationError
+from kafka_txn.errors import ConfigurationError
 
 __all__ = [
     "LIBRDKAFKA_VERSION_CHECKED",

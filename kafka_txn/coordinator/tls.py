@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..errors import ConfigurationError
+from kafka_txn.errors import ConfigurationError
 
 __all__ = ["TlsSettings"]
 

@@ -5,7 +5,7 @@ Scenario: read records from --input-topic, transform each one, write the results
 record is reflected in the output exactly once, whatever fails.
 
 This file is a self-contained, readable version of the failure table that
-kafka_txn.eos.ExactlyOnceProcessor implements (docs/eos.md): copy it when you need to
+kafka_txn.eos.ExactlyOnceProcessor implements (docs/guide/eos.md): copy it when you need to
 change the loop itself, use the processor when you do not.
 
 One transaction per batch:

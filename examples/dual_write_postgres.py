@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> tuple[int, int]:
             "bootstrap.servers": args.bootstrap_servers,
             # One id per writer instance; a restarted instance recovers its predecessor.
             "transactional.id": args.transactional_id,
-            # Longer than an order's transaction plus a restart: see docs/two-phase-commit.md.
+            # Longer than an order's transaction plus a restart: see docs/guide/two-phase-commit.md.
             "transaction.timeout.ms": 120_000,
         },
         args.jdbc_url,

@@ -1,8 +1,8 @@
-"""Regenerates the docs that come from the code: in docs/errors.md the exception tree
-(errors.py's docstring) and the error table (classification.py); in docs/index.md the
+"""Regenerates the docs that come from the code: in docs/reference/errors.md the exception tree
+(errors.py's docstring) and the error table (classification.py); in docs/guide/producer.md the
 producer's lifecycle diagram and its state x call table (lifecycle.py); in
-docs/two-phase-commit.md the coordinator client's security settings
-(coordinator/security.py); docs/api.md, the API reference, from the public names'
+docs/guide/two-phase-commit.md the coordinator client's security settings
+(coordinator/security.py); docs/reference/api.md, the API reference, from the public names'
 signatures and docstrings. Tests fail on drift.
 
 ``python -m kafka_txn._docs [docs directory]``
@@ -56,27 +56,27 @@ def render_lifecycle_table() -> str:
 
 
 GENERATED: Final = {"error table": render_markdown, "exception tree": _tree}
-"""Sections of docs/errors.md that are generated from the code, by marker name."""
+"""Sections of docs/reference/errors.md that are generated from the code, by marker name."""
 
 INDEX_GENERATED: Final = {
     "lifecycle diagram": render_mermaid,
     "lifecycle table": render_lifecycle_table,
 }
-"""Sections of docs/index.md that are generated from the code, by marker name."""
+"""Sections of docs/guide/producer.md that are generated from the code, by marker name."""
 
 TWO_PHASE_GENERATED: Final = {"coordinator security settings": render_security_table}
-"""Sections of docs/two-phase-commit.md that are generated from the code."""
+"""Sections of docs/guide/two-phase-commit.md that are generated from the code."""
 
 GENERATED_FILES: Final = {
-    "errors.md": GENERATED,
-    "index.md": INDEX_GENERATED,
-    "two-phase-commit.md": TWO_PHASE_GENERATED,
+    "reference/errors.md": GENERATED,
+    "guide/producer.md": INDEX_GENERATED,
+    "guide/two-phase-commit.md": TWO_PHASE_GENERATED,
 }
 """Each file under docs/ with generated sections, and its sections."""
 
 
 def update_docs(text: str, sections: Mapping[str, Callable[[], str]] = GENERATED) -> str:
-    """``text`` with every generated section (by default, docs/errors.md's) rewritten
+    """``text`` with every generated section (by default, docs/reference/errors.md's) rewritten
     from the code."""
     for name, render in sections.items():
         begin = f"<!-- BEGIN GENERATED: {name} -->\n"
@@ -116,7 +116,7 @@ def _optional_names() -> str:
 
 
 def render_api() -> str:
-    """docs/api.md: every public name with its signature and the first paragraph of its
+    """docs/reference/api.md: every public name with its signature and the first paragraph of its
     docstring; classes with their public methods."""
     out = [
         "# API reference",
@@ -159,7 +159,7 @@ def regenerate(docs: Path = DOCS) -> None:
     for name, sections in GENERATED_FILES.items():
         target = docs / name
         target.write_text(update_docs(target.read_text(), sections))
-    (docs / "api.md").write_text(render_api())
+    (docs / "reference" / "api.md").write_text(render_api())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,9 +9,9 @@ GroupAuthorization, FencedInstanceId and the codes Java turns into CommitFailedE
 (UnknownMemberId, IllegalGeneration, and KIP-848's StaleMemberEpoch and FencedMemberEpoch).
 A librdkafka ``fatal()`` is never downgraded.
 
-The FailureType column says what a record that failed with the code is told. docs/errors.md
-is generated from this table (``python -m kafka_txn._docs``); a test fails when the two
-drift.
+The FailureType column says what a record that failed with the code is told.
+docs/reference/errors.md is generated from this table (``python -m kafka_txn._docs``); a
+test fails when the two drift.
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def produce_failure(
 
 
 def render_markdown() -> str:
-    """docs/errors.md's table, generated from ERROR_TABLE."""
+    """docs/reference/errors.md's table, generated from ERROR_TABLE."""
     lines = [
         "| Code | Name | Category | Record FailureType | KIP-691 override | Note |",
         "|---:|---|---|---|---|---|",

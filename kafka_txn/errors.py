@@ -125,7 +125,7 @@ class KafkaTxnError(KafkaException):
     ``retriable()``, ``txn_requires_abort()``), so that a delivery callback written for
     confluent-kafka works unchanged on the ``ProduceFailedException`` it is given.
     ``code`` is the root cause's error code, an int that may also be called
-    (``exc.code == exc.code() == exc.error_code``; see docs/errors.md)."""
+    (``exc.code == exc.code() == exc.error_code``; see docs/reference/errors.md)."""
 
     category: ErrorCategory | None = None
 

@@ -342,7 +342,7 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _as_json(transactional_id: str, seen: TransactionDescription) -> dict[str, Any]:
-    """``describe --json``'s object: every key always present (docs/operations.md has
+    """``describe --json``'s object: every key always present (docs/guide/operations.md has
     the schema), null where unknown (no transaction started: no start time, no age)."""
     info = seen.as_dict()
     info["transactional_id"] = transactional_id

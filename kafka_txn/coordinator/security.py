@@ -17,7 +17,7 @@ A refused key set to librdkafka's own default is accepted (it changes nothing), 
 ``ssl.*``/``sasl.*`` key missing from the table (a newer librdkafka's) is refused. The
 table was checked against librdkafka 2.16.0's CONFIGURATION.md; a test lists the
 properties of the librdkafka actually loaded and fails on any the table does not name.
-docs/two-phase-commit.md's table is generated from it (``python -m kafka_txn._docs``).
+docs/guide/two-phase-commit.md's table is generated from it (``python -m kafka_txn._docs``).
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def check_security_keys(conf: Mapping[str, Any]) -> None:
 
 
 def render_markdown() -> str:
-    """docs/two-phase-commit.md's table of security settings, from ``SECURITY_KEYS``."""
+    """docs/guide/two-phase-commit.md's table of security settings, from ``SECURITY_KEYS``."""
     order = {"supported": 0, "refused": 1, "ignored": 2}
     rows = sorted(SECURITY_KEYS.items(), key=lambda item: order[item[1].status])
     out = ["| setting | coordinator client | notes |", "|---|---|---|"]

@@ -4,7 +4,7 @@ call each state allows: the whole lifecycle as data, with no I/O.
 Shaped like Apache Kafka's ``TransactionManager`` (``State.isTransitionValid`` and one
 ``transitionTo``): every change of state goes through ``Lifecycle.transition_to``, which
 refuses a move the table does not list, so a wrong move fails where it happens. The
-diagram in docs/index.md is generated from ``TRANSITIONS`` (``python -m kafka_txn._docs``)
+diagram in docs/guide/producer.md is generated from ``TRANSITIONS`` (``python -m kafka_txn._docs``)
 and tested for drift; tests walk every (state, operation) pair of ``ALLOWED``.
 
 Two-phase commit adds three states. ``PREPARING`` refuses sends while prepare flushes, so
@@ -251,7 +251,7 @@ def _call(operation: str) -> str:
 
 
 def render_mermaid() -> str:
-    """The lifecycle as a Mermaid state diagram, for docs/index.md."""
+    """The lifecycle as a Mermaid state diagram, for docs/guide/producer.md."""
     lines = ["```mermaid", "stateDiagram-v2", "    [*] --> new"]
     for source, targets in TRANSITIONS.items():
         for target in sorted(targets, key=lambda s: list(State).index(s)):

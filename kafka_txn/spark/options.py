@@ -49,7 +49,7 @@ _REFUSED: Final = {
     "truncate": "the sink only appends; truncating would break exactly-once replays",
     "cascadetruncate": "the sink only appends",
     "createtableoptions": "the sink creates the table from the schema as is",
-    "createtablecolumntypes": "the sink maps column types itself (see docs/spark.md)",
+    "createtablecolumntypes": "the sink maps column types itself (see docs/guide/spark.md)",
     "numpartitions": "repartition the DataFrame instead: one transaction per partition",
     "querytimeout": "lock waits are bounded by lockTimeout (seconds); other statements by "
     "the database's own settings",

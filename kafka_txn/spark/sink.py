@@ -68,7 +68,7 @@ _PREFIX_USES_LOCK = threading.Lock()
 
 class KafkaJdbcSink:
     """foreachBatch sink writing to Kafka and a JDBC table exactly once (see the module
-    docstring and docs/spark.md).
+    docstring and docs/guide/spark.md).
 
     ``options`` takes Spark-style names, case-insensitive (``kafka.bootstrap.servers``,
     ``topic``, ``url``, ``dbtable``, ``user``, ``password``, ``batchsize``,
@@ -206,7 +206,7 @@ class KafkaJdbcSink:
         """Refuse a prefix another sink of this process used for another table or topic
         in the same query (or batch jobs), database and commits table:
         SinkOwnershipError; ``start_over`` takes the prefix over. Sinks in other
-        processes are not seen (docs/spark.md)."""
+        processes are not seen (docs/guide/spark.md)."""
         o = self.options
         key = (o.url, o.commits_table, o.transactional_id_prefix, query_id)
         mine = (o.dbtable, o.topic)

@@ -1,6 +1,6 @@
 """Adversarial tests of the producer, two-phase commit and the
 coordinator client, written from the promises only (README, docs/guarantees.md,
-docs/errors.md, docs/two-phase-commit.md).
+docs/reference/errors.md, docs/guide/two-phase-commit.md).
 
 Each test runs on the local broker (``broker`` fixture), through tests/proxies/kafka_proxy.py
 where the coordinator must answer something the broker would not (a well-framed
@@ -386,7 +386,7 @@ def test_processor_outputs_once_when_a_commit_not_applied_is_answered_unknown(
     commit_transaction() says the outcome is unknown (FatalError). run() stops; the
     successor with the same transactional id aborts the open transaction on its init,
     resumes from the offsets committed before it, and the output holds every input
-    once (6.1, docs/eos.md)."""
+    once (6.1, docs/guide/eos.md)."""
     source, sink = three_inputs(broker, txn_id)
 
     def processor(bootstrap: str) -> ExactlyOnceProcessor:

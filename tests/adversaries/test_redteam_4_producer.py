@@ -1,6 +1,6 @@
 """Adversarial schedules: TransactionalProducer, two-phase commit and the exactly-once loop
-(docs/guarantees.md sections 1, 2 and 6, docs/errors.md, docs/eos.md,
-docs/two-phase-commit.md, README.md). Each test is one schedule, on the real broker
+(docs/guarantees.md sections 1, 2 and 6, docs/reference/errors.md, docs/guide/eos.md,
+docs/guide/two-phase-commit.md, README.md). Each test is one schedule, on the real broker
 (checked with an independent read_committed consumer, kafka-python, tests/support/rig.py) where
 the broker can play it, else on librdkafka's mock cluster (kafka_txn.testing), against
 a documented promise."""
@@ -109,7 +109,7 @@ def _value_of_wrong_type(p: TransactionalProducer, topic: str) -> None:
         (_unencodable_header, ProduceFailedException, KafkaError._INVALID_ARG,
          UnicodeEncodeError),
         # A wrong type is a programming error: raised as a TypeError saying what to pass
-        # (docs/index.md), and still a record the transaction lost.
+        # (docs/guide/producer.md), and still a record the transaction lost.
         (_value_of_wrong_type, TypeError, KafkaError._INVALID_ARG, TypeError),
     ],
     ids=["overflow", "key", "send", "header", "type"],
@@ -222,7 +222,7 @@ def test_an_abort_refused_with_an_abortable_error_leaves_a_usable_producer(
 ) -> None:
     """EndTxn(abort) answered with an error librdkafka calls abortable (not fatal): the
     abort did not complete and librdkafka can abort again, so abort_transaction() raises
-    TransactionOutcomeUnknownError saying to call it again (docs/errors.md: "from
+    TransactionOutcomeUnknownError saying to call it again (docs/reference/errors.md: "from
     abort_transaction(): call the same method again"), the producer stays 'aborting',
     the second abort succeeds and the next transaction commits. (The mock cluster does
     not hide aborted records from read_committed readers, and the broker cannot be made

@@ -1,5 +1,5 @@
 """The PySpark sink and what it relies on, under adversaries: schedules against the
-documented promises of docs/guarantees.md section 5 and docs/spark.md, in Spark local
+documented promises of docs/guarantees.md section 5 and docs/guide/spark.md, in Spark local
 mode (the session-wide ``spark`` fixture), on the local broker, checked with kafka-python's
 read_committed consumer and direct SQL. A strict xfail marks a documented promise that
 the schedule breaks."""
@@ -318,7 +318,7 @@ def test_two_sinks_on_one_prefix_in_one_query_are_refused_or_both_written(
 
 
 # ---------------------------------------------------------------------------------------
-# docs/spark.md: "The Kafka settings are checked on the driver too, when the sink is
+# docs/guide/spark.md: "The Kafka settings are checked on the driver too, when the sink is
 # built, the way each task's TransactionalProducer checks them"; 5.9.
 
 

@@ -1,6 +1,6 @@
 """Adversarial tests of DualWriter, recovery, the recover CLI, JDBC URLs and the
 Spark sink: schedules aimed at the promises of docs/guarantees.md section 4,
-docs/dual-write.md and docs/operations.md. Real broker, PostgreSQL, MariaDB and SQLite;
+docs/guide/dual-write.md and docs/guide/operations.md. Real broker, PostgreSQL, MariaDB and SQLite;
 no mocks. A test that shows a broken promise is a strict xfail naming the promise;
 the others guard the promise they name. The whole-transaction rollback schedules live
 in tests/dualwrite/test_rollbacks.py."""

@@ -1,6 +1,6 @@
 """Adversarial tests of the producer, two-phase commit and the
 exactly-once loop, written from the promises only (README, docs/guarantees.md,
-docs/errors.md, docs/two-phase-commit.md, docs/eos.md).
+docs/reference/errors.md, docs/guide/two-phase-commit.md, docs/guide/eos.md).
 
 Each test builds its schedule on the local broker (``broker`` fixture; two fresh local
 brokers where a second cluster is needed), through tests/proxies/kafka_proxy.py where the

@@ -8,7 +8,7 @@ direct SQL. A strict xfail would mark a documented promise that the schedule bre
    failed; MariaDB: a deadlock) and the process is SIGKILLed right after, before the
    writer's RollbackWatch check (guarantees 4.1, 4.2).
 2. ``resolve()`` after a divergence, then the re-send killed between its database commit
-   and its Kafka commit (guarantees 4.1, 4.12, docs/dual-write.md's error table).
+   and its Kafka commit (guarantees 4.1, 4.12, docs/guide/dual-write.md's error table).
 3. EndTxn(commit) applied by the coordinator, then answered with REQUEST_TIMED_OUT (the
    commit's outcome unknown: ``FatalError``), while a successor with the same
    transactional id initialises before that answer arrives (guarantees 1.3, 1.4, 6.1).

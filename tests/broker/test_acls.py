@@ -1,4 +1,4 @@
-"""Two-phase commit under Apache Kafka's ACLs: the grants docs/two-phase-commit.md lists
+"""Two-phase commit under Apache Kafka's ACLs: the grants docs/guide/two-phase-commit.md lists
 ("ACLs") are enough, and each one missing gives the error it documents, with nothing
 committed and nothing lost.
 
@@ -250,7 +250,7 @@ def principal(kafka: SecuredKafka, admin: AdminClient) -> Principal:
 
 
 def documented(p: Principal, topic: str, txn_id: str) -> list[AclBinding]:
-    """The grants docs/two-phase-commit.md lists for a two-phase producer: WRITE on its
+    """The grants docs/guide/two-phase-commit.md lists for a two-phase producer: WRITE on its
     topic, WRITE and DESCRIBE on its transactional id."""
     return [
         p.allow(ResourceType.TOPIC, topic, AclOperation.WRITE),

@@ -1,4 +1,4 @@
-"""The SASL rows of docs/two-phase-commit.md's "Connection settings" table, on Apache
+"""The SASL rows of docs/guide/two-phase-commit.md's "Connection settings" table, on Apache
 Kafka 4.4.0: what recovery, the coordinator client and ``kafka-txn`` do when the broker
 refuses the login, and when a client that does not log in reaches a SASL listener.
 

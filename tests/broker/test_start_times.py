@@ -1,6 +1,6 @@
 """Recovery's decision rows that compare transaction start times (rows 4, 8 and 11 of the
-table in docs/two-phase-commit.md, ``kafka_txn.twophase.recovery.decide``) on an Apache Kafka 4.4
-coordinator that restarts between two transactions: a clean restart
+table in docs/guide/two-phase-commit.md, ``kafka_txn.twophase.recovery.decide``) on an
+Apache Kafka 4.4 coordinator that restarts between two transactions: a clean restart
 (``ApacheKafka.restart()``, SIGTERM) and a crash (``kill()``, SIGKILL, then ``start()``).
 
 What it checks:

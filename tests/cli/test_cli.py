@@ -242,7 +242,7 @@ LONG_AGO = datetime(2000, 1, 1)
 JSON_KEYS = {"transactional_id", "found", "state", "producer_id", "producer_epoch",
              "transaction_start_time_ms", "started_at", "age_s", "transaction_timeout_ms",
              "partitions"}  # fmt: skip
-"""describe --json's keys, as docs/operations.md lists them."""
+"""describe --json's keys, as docs/guide/operations.md lists them."""
 
 
 # ---------------------------------------------------------------------- describe

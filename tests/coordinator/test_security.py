@@ -155,10 +155,10 @@ def test_every_security_property_of_the_loaded_librdkafka_is_classified():
 
 
 def test_docs_table_is_generated_from_the_classification():
-    text = (DOCS / "two-phase-commit.md").read_text()
+    text = (DOCS / "guide" / "two-phase-commit.md").read_text()
     sections = {"coordinator security settings": render_markdown}
     assert update_docs(text, sections) == text, (
-        "docs/two-phase-commit.md's security table is stale: run python -m kafka_txn._docs"
+        "docs/guide/two-phase-commit.md's security table is stale: run python -m kafka_txn._docs"
     )
     for key, rule in SECURITY_KEYS.items():
         assert f"| `{key}` | {rule.status} |" in text

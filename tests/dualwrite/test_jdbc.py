@@ -505,7 +505,7 @@ def _documented_encodings(markdown: str) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("doc", ["dual-write.md", "spark.md"])
+@pytest.mark.parametrize("doc", ["guide/dual-write.md", "guide/spark.md"])
 def test_docs_list_exactly_the_accepted_character_encodings(doc):
     markdown = (Path(__file__).parent.parent.parent / "docs" / doc).read_text(encoding="utf-8")
     assert _documented_encodings(markdown) == CHARSETS

@@ -527,7 +527,7 @@ def test_the_pipelined_begin_keeps_the_engines_isolation_level(
     how: str,
     level: str,
 ) -> None:
-    """docs/dual-write.md, Round trips: BEGIN, sent by the writer with the lock, carries
+    """docs/guide/dual-write.md, Round trips: BEGIN, sent by the writer with the lock, carries
     the connection's isolation level (as psycopg's own BEGIN would): the body's SQL runs
     at the engine's level, whether it was given to create_engine() or through
     execution_options() (as the Spark sink's isolationLevel option does), and the

@@ -1,5 +1,5 @@
 """The error table: complete, consistent with librdkafka's flags, and the source of
-docs/errors.md."""
+docs/reference/errors.md."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from kafka_txn.errors import (
 )
 from kafka_txn.testing import librdkafka_path
 
-DOCS = Path(__file__).resolve().parent.parent.parent / "docs" / "errors.md"
+DOCS = Path(__file__).resolve().parent.parent.parent / "docs" / "reference" / "errors.md"
 
 
 def _librdkafka_codes() -> dict[int, str]:
@@ -278,14 +278,14 @@ def test_api_reference_is_generated_from_the_docstrings():
     from kafka_txn._docs import render_api
 
     assert (DOCS.parent / "api.md").read_text() == render_api(), (
-        "docs/api.md drifted from the docstrings: run `python -m kafka_txn._docs`"
+        "docs/reference/api.md drifted from the docstrings: run `python -m kafka_txn._docs`"
     )
 
 
 def test_docs_are_generated_from_the_code():
     text = DOCS.read_text()
     assert update_docs(text) == text, (
-        "docs/errors.md drifted from the code: run `python -m kafka_txn._docs`"
+        "docs/reference/errors.md drifted from the code: run `python -m kafka_txn._docs`"
     )
     assert render_markdown() in text
 

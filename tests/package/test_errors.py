@@ -181,7 +181,7 @@ def _small_record_topic(broker) -> str:
 def _commit_after_the_gap(p, topic, value, cb) -> None:
     """Commit one record in a new transaction. The failed record left a sequence gap, so
     the first may fail with OUT_OF_ORDER_SEQUENCE_NUMBER while librdkafka bumps the epoch
-    (docs/errors.md, "librdkafka behaviour worth knowing"): abort and retry, as the
+    (docs/reference/errors.md, "librdkafka behaviour worth knowing"): abort and retry, as the
     consume-process-produce loop does."""
     for _ in range(3):
         try:

@@ -1,4 +1,4 @@
-"""The library is silent unless logging is configured (docs/operations.md, "Logging"):
+"""The library is silent unless logging is configured (docs/guide/operations.md, "Logging"):
 a NullHandler on the ``kafka_txn`` logger keeps Python's last-resort handler from printing
 the library's warnings to stderr, and configured logging still receives them.
 

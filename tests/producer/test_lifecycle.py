@@ -259,9 +259,9 @@ def test_every_state_can_be_closed_and_every_live_one_gets_back_to_ready(state: 
 
 
 def test_lifecycle_docs_are_generated_from_the_table():
-    index = (DOCS / "index.md").read_text()
+    index = (DOCS / "guide" / "producer.md").read_text()
     assert update_docs(index, INDEX_GENERATED) == index, (
-        "docs/index.md's lifecycle drifted from kafka_txn/producer/lifecycle.py: run "
+        "docs/guide/producer.md's lifecycle drifted from kafka_txn/producer/lifecycle.py: run "
         "`python -m kafka_txn._docs`"
     )
     assert render_mermaid() in index and render_lifecycle_table() in index
@@ -286,7 +286,7 @@ def test_a_fatal_error_is_logged_once_with_the_id_and_the_code(caplog):
         life.enter_fatal(FatalError("again", kafka_error=KafkaError(KafkaError._FENCED)))
     (record,) = caplog.records  # the first fatal error only, as every call raises it
     assert record.getMessage() == f"producer 'orders-0' is now unusable: {first}"
-    # docs/operations.md: structured fields for a JSON formatter.
+    # docs/guide/operations.md: structured fields for a JSON formatter.
     assert (record.transactional_id, record.error_code) == ("orders-0", "PRODUCER_FENCED")
     assert life.fatal is first and life.state is S.FATAL
 

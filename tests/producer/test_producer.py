@@ -270,7 +270,7 @@ def test_abort_waits_for_a_send_under_way_so_its_record_never_joins_the_next_tra
 def test_produce_send_and_poll_from_many_threads(
     broker: Broker, producer_config: dict[str, Any]
 ) -> None:
-    """docs/index.md: produce()/send()/poll() may be called from several threads. Eight
+    """docs/guide/producer.md: produce()/send()/poll() may be called from several threads. Eight
     threads start together and each sends 250 records into one transaction, alternating
     produce() with a delivery callback and send(), and calling poll() as they go. Every
     future and every callback resolves once and without error, the commit succeeds,

@@ -1,6 +1,6 @@
 """Writers kept across batches share their Python worker's engine: between batches a
 worker holds about one idle database connection, not one per transactional id it has
-served (which grew to 64 per worker, docs/spark.md). Real broker, PostgreSQL, Spark
+served (which grew to 64 per worker, docs/guide/spark.md). Real broker, PostgreSQL, Spark
 local[2]; the connections are counted in pg_stat_activity by application name."""
 
 from __future__ import annotations

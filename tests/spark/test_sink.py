@@ -81,7 +81,7 @@ def test_batch_write_and_replay(spark, broker, db, postgres_jdbc, tmp_path, monk
 def test_the_sink_called_outside_any_streaming_query_is_a_batch_job(spark, broker, postgres_jdbc):
     """``sink(df, batch_id)``, foreachBatch's entry point, called by a batch job (no
     streaming query runs, so no foreachBatch can be calling) writes as ``write()`` does,
-    once per batch id (docs/spark.md, "Which query a write belongs to")."""
+    once per batch id (docs/guide/spark.md, "Which query a write belongs to")."""
     assert not spark.streams.active
     sink, topic, table = _sink(broker, postgres_jdbc)
     values = [f"b{i}" for i in range(20)]

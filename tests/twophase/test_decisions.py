@@ -134,8 +134,8 @@ def _table_lines(text: str) -> dict[int, str]:
 
 @pytest.mark.parametrize(
     "text",
-    [recovery.__doc__ or "", (ROOT / "docs" / "two-phase-commit.md").read_text()],
-    ids=["recovery.py docstring", "docs/two-phase-commit.md"],
+    [recovery.__doc__ or "", (ROOT / "docs" / "guide" / "two-phase-commit.md").read_text()],
+    ids=["recovery.py docstring", "docs/guide/two-phase-commit.md"],
 )
 def test_the_documented_tables_match_the_rules(text: str):
     assert _table_lines(text) == {rule.row: rule.verdict.name for rule in RULES}
@@ -296,7 +296,7 @@ def test_the_state_groups_are_disjoint():
 # ---------------------------------------------------------------- outcomes, errors, logs
 # Found by mutation testing (make mutants): the decision table was pinned down, what
 # recovery says and logs about each verdict was not. The fix each error tells the
-# operator, the fields it carries, and the structured log fields (docs/operations.md).
+# operator, the fields it carries, and the structured log fields (docs/guide/operations.md).
 _TID = "orders-0"
 _DIVERGED_FIX = (
     "Nothing of it was committed and none of its records are visible to read_committed "

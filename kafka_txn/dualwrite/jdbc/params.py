@@ -236,7 +236,7 @@ def _mysql_server_timezone(value: str) -> dict[str, str]:
 
 # Java charset names (and their MySQL names), as spelled in the docs -> the MySQL
 # character sets PyMySQL knows. Matched case-insensitively; nothing else is accepted
-# (docs/dual-write.md lists these names, checked by tests/dualwrite/test_jdbc.py).
+# (docs/guide/dual-write.md lists these names, checked by tests/dualwrite/test_jdbc.py).
 CHARSETS: Final = {
     "UTF-8": "utf8mb4", "utf8": "utf8mb4", "utf8mb4": "utf8mb4",
     "ISO-8859-1": "latin1", "ISO8859_1": "latin1", "ISO_8859_1": "latin1",

@@ -453,6 +453,7 @@ _FROZEN_START_SIGNATURE = (
 
 
 @pytest.mark.timeout(300 + 3 * SECONDS)  # the adversary's run, then the checks and cleanup
+@pytest.mark.guarantee("4.4", "4.11", "4.14")
 def test_dual_writers_under_an_adversary_never_diverge(
     broker: Broker, proxy: FaultProxy, database: Database, adversary: Adversary
 ) -> None:

@@ -83,6 +83,7 @@ def _sqlite_recipe_engine(path: str) -> Any:
     return engine
 
 
+@pytest.mark.guarantee("4.2")
 def test_sqlite_recipe_engine_is_accepted_and_rolls_back_both(
     broker: Broker, tmp_path: Any
 ) -> None:
@@ -174,6 +175,7 @@ def test_postgresql_explicit_begin_over_driver_autocommit_is_accepted(
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.2")
 def test_mariadb_explicit_begin_over_driver_autocommit_is_accepted(
     broker: Broker, mariadb_jdbc: str
 ) -> None:
@@ -193,6 +195,7 @@ def test_mariadb_explicit_begin_over_driver_autocommit_is_accepted(
 
 
 @pytest.mark.parametrize("body_fails", [True, False])
+@pytest.mark.guarantee("4.2")
 def test_mariadb_body_switching_autocommit_on_is_reported(
     broker: Broker, mariadb_jdbc: str, body_fails: bool
 ) -> None:

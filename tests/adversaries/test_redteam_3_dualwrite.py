@@ -53,6 +53,7 @@ names = names_fixture("rt3")
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.10")
 def test_mariadb_tinytext_state_column_too_short_is_refused_at_start(
     broker: Broker, mariadb_jdbc: str, names: dict[str, str]
 ) -> None:
@@ -90,6 +91,7 @@ def test_mariadb_tinytext_state_column_too_short_is_refused_at_start(
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.14")
 def test_postgresql_cached_lock_survives_the_body_changing_quoting_and_encoding(
     broker: Broker, postgres_jdbc: str, names: dict[str, str]
 ) -> None:
@@ -133,6 +135,7 @@ def test_postgresql_cached_lock_survives_the_body_changing_quoting_and_encoding(
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.10")
 def test_mariadb_tinytext_state_column_never_loses_a_committed_transaction(
     broker: Broker, mariadb_jdbc: str, names: dict[str, str]
 ) -> None:
@@ -190,6 +193,7 @@ def test_mariadb_tinytext_state_column_never_loses_a_committed_transaction(
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.12")
 def test_two_writers_resolving_one_divergence_resend_it_once(
     broker: Broker, tmp_path: Any, names: dict[str, str], txn_id: str
 ) -> None:
@@ -237,6 +241,7 @@ def test_two_writers_resolving_one_divergence_resend_it_once(
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.14")
 def test_postgresql_engine_preparing_every_statement_still_commits(
     broker: Broker, postgres_jdbc: str, names: dict[str, str], txn_id: str
 ) -> None:
@@ -262,6 +267,7 @@ def test_postgresql_engine_preparing_every_statement_still_commits(
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.10")
 def test_mariadb_state_column_spelled_in_capitals_is_checked_at_start(
     broker: Broker, mariadb_jdbc: str, names: dict[str, str], txn_id: str
 ) -> None:
@@ -337,6 +343,7 @@ def test_postgresql_isolation_level_of_an_option_engine_reaches_the_begin_sent_w
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.12")
 def test_resolve_accepts_the_reported_state_written_with_a_newer_key(
     broker: Broker, tmp_path: Any, names: dict[str, str], txn_id: str
 ) -> None:
@@ -487,6 +494,7 @@ def test_sqlite_whole_rollback_caught_by_one_of_two_writers_sharing_an_engine(
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.14")
 def test_postgresql_interrupt_right_after_autocommit_on_never_returns_it_to_the_pool(
     broker: Broker, postgres_jdbc: str, names: dict[str, str], txn_id: str
 ) -> None:
@@ -532,6 +540,7 @@ def test_postgresql_interrupt_right_after_autocommit_on_never_returns_it_to_the_
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.14")
 def test_postgresql_interrupt_in_finish_after_the_commit_stops_the_writer_and_resets_the_pool(
     broker: Broker, postgres_jdbc: str, names: dict[str, str], txn_id: str
 ) -> None:

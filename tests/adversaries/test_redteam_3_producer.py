@@ -86,6 +86,7 @@ _NULL_TOPICS = pytest.param(_null_topics, id="null_topics")
     "edit",
     [pytest.param(_no_states, id="none"), pytest.param(_two_states, id="two"), _NULL_TOPICS],
 )
+@pytest.mark.guarantee("3.9")
 def test_recovery_with_a_describe_answer_of_the_wrong_length_is_unknown(
     broker: Broker, proxy: KafkaProxy, topic: str, txn_id: str, edit: Any
 ) -> None:
@@ -113,6 +114,7 @@ def test_recovery_with_a_describe_answer_of_the_wrong_length_is_unknown(
         fresh.close(timeout=5)
 
 
+@pytest.mark.guarantee("2.2")
 def test_prepare_with_a_describe_answer_listing_nothing_is_abortable(
     broker: Broker, proxy: KafkaProxy, topic: str, txn_id: str
 ) -> None:
@@ -144,6 +146,7 @@ def _no_coordinators(request: Any, response: Any) -> None:
         pass
 
 
+@pytest.mark.guarantee("3.9")
 def test_recovery_with_a_find_coordinator_answer_listing_nothing_is_unknown(
     broker: Broker, proxy: KafkaProxy, topic: str, txn_id: str
 ) -> None:
@@ -183,6 +186,7 @@ def _raise_when_returning(code: Any) -> Any:
     return profile
 
 
+@pytest.mark.guarantee("2.2")
 def test_a_signal_as_prepares_early_describe_is_sent_leaves_prepare_bounded(
     broker: Broker, topic: str, txn_id: str
 ) -> None:
@@ -332,6 +336,7 @@ def _decodes_or_refuses(api: Any, version: int, data: bytes) -> dict[str, Any] |
 
 @settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=st.sampled_from(_APIS), data=st.binary(max_size=300))
+@pytest.mark.guarantee("3.9")
 def test_the_decoder_refuses_arbitrary_bytes_with_its_documented_error(
     case: tuple[Any, int], data: bytes
 ) -> None:
@@ -348,6 +353,7 @@ def test_the_decoder_refuses_arbitrary_bytes_with_its_documented_error(
     flips=st.lists(st.tuples(st.integers(0, 199), st.integers(1, 255)), max_size=3),
     tail=st.binary(max_size=8),
 )
+@pytest.mark.guarantee("3.9")
 def test_a_mangled_describe_answer_never_decodes_into_another_transaction_silently(
     cut: int, flips: list[tuple[int, int]], tail: bytes
 ) -> None:

@@ -64,6 +64,7 @@ def _body_outcome(
 
 
 @pytest.mark.parametrize("db", ["postgresql", "mariadb", "sqlite"])
+@pytest.mark.guarantee("4.2")
 def test_a_body_that_rolls_back_and_goes_on_never_diverges_silently(
     make_writer: Any,
     broker: Broker,
@@ -109,6 +110,7 @@ def test_a_body_that_rolls_back_and_goes_on_never_diverges_silently(
 
 
 @pytest.mark.parametrize("db", ["mariadb", "sqlite"])
+@pytest.mark.guarantee("4.2")
 def test_a_body_that_commits_then_raises_is_reported_as_rows_left_behind(
     make_writer: Any,
     broker: Broker,
@@ -139,6 +141,7 @@ def test_a_body_that_commits_then_raises_is_reported_as_rows_left_behind(
 
 @pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "statement_by_statement"])
 @pytest.mark.parametrize("end", ["COMMIT", "ROLLBACK"])
+@pytest.mark.guarantee("4.2")
 def test_postgresql_body_ending_its_transaction_as_sql_then_beginning_is_reported(
     make_writer: Any, broker: Broker, topic: str, txn_id: str, postgres_jdbc: str,
     end: str, pipelined: bool,
@@ -214,6 +217,7 @@ def test_a_rollback_sent_as_sql_then_more_statements_is_not_seen_on_mariadb_and_
     assert raised is not None or rows == records, (rows, records)
 
 
+@pytest.mark.guarantee("4.2")
 def test_a_body_error_leaving_a_row_in_a_mariadb_non_transactional_table_is_reported(
     make_writer: Any, broker: Broker, topic: str, txn_id: str, mariadb_jdbc: str
 ) -> None:
@@ -338,6 +342,7 @@ def _ids_differing_in_case_work_independently(
         assert sorted(rows) == [f"Orders-{base}", f"orders-{base}"]
 
 
+@pytest.mark.guarantee("4.4")
 def test_mariadb_transactional_ids_differing_in_case_are_independent(
     make_writer: Any, broker: Broker, topic: str, mariadb_jdbc: str
 ) -> None:
@@ -366,6 +371,7 @@ _INEXACT_ID_COLUMNS = {
 
 
 @pytest.mark.parametrize("db", sorted(_INEXACT_ID_COLUMNS))
+@pytest.mark.guarantee("4.4")
 def test_a_state_table_whose_id_column_ignores_case_is_refused_naming_the_fix(
     make_writer: Any,
     broker: Broker,

@@ -32,6 +32,7 @@ LONE_SURROGATE = "order-\ud800"
 
 
 # ---------------------------------------------------------------- finding 1
+@pytest.mark.guarantee("1.2")
 def test_a_value_librdkafka_cannot_encode_fails_the_commit(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -114,6 +115,7 @@ def _value_of_wrong_type(p: TransactionalProducer, topic: str) -> None:
     ],
     ids=["overflow", "key", "send", "header", "type"],
 )  # fmt: skip
+@pytest.mark.guarantee("1.2")
 def test_every_record_confluent_kafka_refuses_fails_the_commit(
     broker: Broker,
     topic: str,
@@ -152,6 +154,7 @@ def test_every_record_confluent_kafka_refuses_fails_the_commit(
 
 # ---------------------------------------------------------------- finding 2
 @pytest.mark.parametrize("call", ["flush", "prepare_transaction"])
+@pytest.mark.guarantee("1.4")
 def test_a_zombie_whose_send_fails_on_fencing_gets_producer_fenced_error(
     broker: Broker, topic: str, producer_config: dict[str, Any], call: str
 ) -> None:
@@ -217,6 +220,7 @@ def test_a_zombie_whose_send_fails_on_fencing_gets_producer_fenced_error(
     ],
     ids=["TRANSACTION_ABORTABLE", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "UNKNOWN"],
 )
+@pytest.mark.guarantee("1.3")
 def test_an_abort_refused_with_an_abortable_error_leaves_a_usable_producer(
     mock_cluster: MockCluster, mock_config: Callable[..., dict[str, Any]], answer: int
 ) -> None:

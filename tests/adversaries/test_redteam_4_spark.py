@@ -90,6 +90,7 @@ def _abort_leftover(broker: Broker, transactional_id: str) -> None:
 # the batch's partition count once a batch used them.
 
 
+@pytest.mark.guarantee("5.5")
 def test_a_transaction_left_open_before_the_database_commit_is_settled_before_the_next_batch(
     spark: Any, broker: Broker, postgres_jdbc: str
 ) -> None:
@@ -175,6 +176,7 @@ def _in_a_thread(sink: Any, thread_class: Any = threading.Thread) -> Any:
     return write
 
 
+@pytest.mark.guarantee("5.3")
 def test_a_query_writing_from_a_thread_restarted_from_a_fresh_checkpoint_loses_nothing(
     spark: Any, broker: Broker, tmp_path: Path, postgres_jdbc: str
 ) -> None:
@@ -209,6 +211,7 @@ def _owner(jdbc: str, prefix: str) -> str | None:
         engine.dispose()
 
 
+@pytest.mark.guarantee("5.3")
 def test_writes_from_other_threads_are_the_query_s_or_refused_never_a_batch_job(
     spark: Any, broker: Broker, tmp_path: Path, postgres_jdbc: str
 ) -> None:
@@ -277,6 +280,7 @@ def test_writes_from_other_threads_are_the_query_s_or_refused_never_a_batch_job(
 # one query (or batch jobs) of one process are refused.
 
 
+@pytest.mark.guarantee("5.3")
 def test_two_sinks_on_one_prefix_in_one_query_are_refused_or_both_written(
     spark: Any, broker: Broker, tmp_path: Path, postgres_jdbc: str
 ) -> None:

@@ -207,6 +207,7 @@ os._exit(3)  # start() did not report it
 """
 
 
+@pytest.mark.guarantee("4.12")
 def test_crash_between_resolve_and_the_resend_loses_nothing(
     broker: Broker, tmp_path: Any, names: dict[str, str], txn_id: str
 ) -> None:
@@ -249,6 +250,7 @@ def test_crash_between_resolve_and_the_resend_loses_nothing(
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.13")
 def test_a_hook_failing_after_the_kafka_commit_says_both_committed(
     broker: Broker, tmp_path: Any, names: dict[str, str], txn_id: str
 ) -> None:
@@ -300,6 +302,7 @@ def test_a_hook_failing_after_the_kafka_commit_says_both_committed(
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.10")
 def test_mariadb_non_strict_state_column_too_short_never_loses_a_committed_transaction(
     broker: Broker, mariadb_jdbc: str, names: dict[str, str], txn_id: str
 ) -> None:
@@ -362,6 +365,7 @@ def test_mariadb_non_strict_state_column_too_short_never_loses_a_committed_trans
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.guarantee("4.2")
 def test_close_from_another_thread_on_a_one_connection_pool_commits_nothing(
     broker: Broker, tmp_path: Any, names: dict[str, str], txn_id: str
 ) -> None:

@@ -90,6 +90,7 @@ def test_a_send_that_raised_on_a_signal_is_not_in_the_prepared_transaction(
 
 
 @pytest.mark.parametrize("call", ["produce", "send"])
+@pytest.mark.guarantee("2.1")
 def test_a_send_interrupted_as_it_returns_is_not_in_the_prepared_transaction(
     broker: Broker, topic: str, two_phase_config: dict[str, Any], call: str
 ) -> None:
@@ -133,6 +134,7 @@ def test_complete_again_after_a_signal_right_after_recoverys_init_returns_the_ou
         fresh.close(timeout=5)
 
 
+@pytest.mark.guarantee("1.6")
 def test_init_again_after_a_signal_right_after_librdkafkas_init_leaves_a_usable_producer(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -285,6 +287,7 @@ def test_a_resumed_prepared_commit_with_a_short_timeout_gets_the_retry_floor(
 
 
 # --------------------------------------------------------------------------- 3.6
+@pytest.mark.guarantee("3.6")
 def test_a_state_of_another_cluster_is_refused_when_the_cluster_id_cannot_be_read(
     broker: Broker, topic: str, proxy: KafkaProxy, two_phase_config: dict[str, Any]
 ) -> None:
@@ -410,6 +413,7 @@ def test_an_init_that_timed_out_says_it_may_have_fenced(
 
 
 # --------------------------------------------------------------------------- 2.5
+@pytest.mark.guarantee("2.5")
 def test_a_state_of_another_cluster_never_aborts_a_prepared_transaction(
     broker: Broker, topic: str, proxy: KafkaProxy, two_phase_config: dict[str, Any]
 ) -> None:
@@ -478,6 +482,7 @@ def test_a_prepared_commit_applied_but_answered_with_an_error_is_recovered_once(
 
 
 # --------------------------------------------------------------------------- close()
+@pytest.mark.guarantee("1.6")
 def test_close_from_a_signal_handler_during_produce_aborts_the_transaction(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -571,6 +576,7 @@ def test_a_state_of_another_local_cluster_is_refused(
 
 
 # --------------------------------------------------------------------------- 1.13
+@pytest.mark.guarantee("1.13")
 def test_close_never_aborts_a_transaction_whose_commit_was_sent(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
@@ -592,6 +598,7 @@ def test_close_never_aborts_a_transaction_whose_commit_was_sent(
 
 
 # --------------------------------------------------------------------------- 1.6 / errors.md
+@pytest.mark.guarantee("1.6")
 def test_complete_again_after_its_abort_ran_out_of_time_finishes_or_names_the_fix(
     broker: Broker, topic: str, proxy: KafkaProxy, two_phase_config: dict[str, Any]
 ) -> None:

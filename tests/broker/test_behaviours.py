@@ -355,6 +355,7 @@ def _produce_five(
 
 
 @pytest.mark.parametrize("kind", sorted(_CULPRITS))
+@pytest.mark.guarantee("1.2")
 def test_kip467_the_culprits_of_a_refused_batch_are_rejected_and_the_others_go_again(
     kafka: _Kafka, tid: str, kind: str, record_property: Callable[[str, object], None]
 ) -> None:
@@ -412,6 +413,7 @@ def test_kip467_the_culprits_of_a_refused_batch_are_rejected_and_the_others_go_a
 
 
 @pytest.mark.parametrize("kind", sorted(_CULPRITS))
+@pytest.mark.guarantee("1.2")
 def test_kip467_with_one_culprit_every_record_of_the_batch_reports_the_partitions_error(
     kafka: _Kafka, tid: str, kind: str
 ) -> None:
@@ -439,6 +441,7 @@ def test_kip467_with_one_culprit_every_record_of_the_batch_reports_the_partition
 
 
 # ---------------------------------------------------------------- transaction timeout
+@pytest.mark.guarantee("3.3")
 def test_a_prepared_transaction_the_coordinator_timed_out_is_divergence(
     timing_out: _Kafka, tid: str, record_property: Callable[[str, object], None]
 ) -> None:
@@ -483,6 +486,7 @@ def test_a_prepared_transaction_the_coordinator_timed_out_is_divergence(
     assert kafka.rig.read_committed(topic, expected=0, linger=0.5) == []
 
 
+@pytest.mark.guarantee("3.3")
 def test_the_next_unprepared_transaction_timed_out_after_the_stored_one_committed(
     timing_out: _Kafka, tid: str, record_property: Callable[[str, object], None]
 ) -> None:
@@ -536,6 +540,7 @@ def test_the_next_unprepared_transaction_timed_out_after_the_stored_one_committe
     assert kafka.rig.read_committed(topic, expected=1) == [(None, b"stored")]
 
 
+@pytest.mark.guarantee("3.3")
 def test_a_timeout_between_recoverys_describe_and_its_end_txn_is_divergence(
     timing_out: _Kafka, tid: str, record_property: Callable[[str, object], None]
 ) -> None:
@@ -578,6 +583,7 @@ def test_a_timeout_between_recoverys_describe_and_its_end_txn_is_divergence(
 
 
 # ---------------------------------------------------------------- transactional id expiry
+@pytest.mark.guarantee("3.4")
 def test_an_expired_transactional_id_is_unknowable_also_once_initialised_again(
     apache_kafka: Callable[[str], _Kafka], tid: str, record_property: Callable[[str, object], None]
 ) -> None:
@@ -654,6 +660,7 @@ def _prepare_wide(config: dict[str, Any], topic: str) -> tuple[
 _ANSWERS = {"NONE", "CONCURRENT_TRANSACTIONS"}
 
 
+@pytest.mark.guarantee("3.7")
 def test_recoverys_end_txn_while_the_markers_of_the_same_commit_are_written(
     slow_markers: _Kafka, tid: str, record_property: Callable[[str, object], None]
 ) -> None:
@@ -691,6 +698,7 @@ def test_recoverys_end_txn_while_the_markers_of_the_same_commit_are_written(
     assert _values(kafka.rig.read_committed(topic, expected=PARTITIONS)) == values
 
 
+@pytest.mark.guarantee("3.7")
 def test_init_transactions_right_after_recoverys_commit_while_its_markers_are_written(
     slow_markers: _Kafka, tid: str, record_property: Callable[[str, object], None]
 ) -> None:

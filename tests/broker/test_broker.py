@@ -23,6 +23,7 @@ from kafka_txn import (
 pytestmark = pytest.mark.broker
 
 
+@pytest.mark.guarantee("1.1")
 def test_committed_visible_and_aborted_invisible(broker, topic, producer_config):
     with TransactionalProducer(producer_config) as p:
         p.init_transactions()
@@ -39,6 +40,7 @@ def test_committed_visible_and_aborted_invisible(broker, topic, producer_config)
     assert seen == [b"after-abort", b"c0", b"c1", b"c2", b"c3", b"c4"]
 
 
+@pytest.mark.guarantee("1.1")
 def test_exception_in_transaction_block_aborts(broker, topic, producer_config):
     with TransactionalProducer(producer_config) as p:
         p.init_transactions()
@@ -52,6 +54,7 @@ def test_exception_in_transaction_block_aborts(broker, topic, producer_config):
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.guarantee("1.4")
 def test_second_producer_fences_the_first(broker, topic, producer_config):
     first = TransactionalProducer(producer_config)
     first.init_transactions()
@@ -83,6 +86,7 @@ def _committed_offset(broker, group: str, topic: str) -> int:
         c.close()
 
 
+@pytest.mark.guarantee("1.5")
 def test_offsets_commit_only_with_the_transaction(broker, producer_config):
     source = broker.create_topic(partitions=1, prefix="src")
     sink = broker.create_topic(partitions=1, prefix="sink")
@@ -129,6 +133,7 @@ def test_offsets_commit_only_with_the_transaction(broker, producer_config):
     assert broker.read_committed(sink, expected=1) == [(None, b"out")]
 
 
+@pytest.mark.guarantee("1.2")
 def test_oversize_record_is_rejected_and_transaction_recovers(broker, topic, producer_config):
     with TransactionalProducer({**producer_config, "message.max.bytes": 10_000}) as p:
         p.init_transactions()
@@ -151,6 +156,7 @@ def test_oversize_record_is_rejected_and_transaction_recovers(broker, topic, pro
     assert broker.read_committed(topic, expected=1) == [(None, b"next")]
 
 
+@pytest.mark.guarantee("1.6")
 def test_illegal_calls_name_the_fix(producer_config, topic):
     p = TransactionalProducer(producer_config)
     with pytest.raises(IllegalStateError, match="init_transactions"):

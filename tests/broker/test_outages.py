@@ -126,6 +126,7 @@ def _abort_during(kafka: _Kafka, producer: TransactionalProducer, topic: str) ->
     return paused
 
 
+@pytest.mark.guarantee("1.14")
 def test_begin_finishes_an_abort_that_ran_out_of_time_once_the_broker_answers(
     kafka: _Kafka,
 ) -> None:
@@ -153,6 +154,7 @@ def test_begin_finishes_an_abort_that_ran_out_of_time_once_the_broker_answers(
     assert kafka.broker.open_partitions(topic) == {}
 
 
+@pytest.mark.guarantee("1.14")
 def test_an_outage_past_the_transaction_timeout_names_the_coordinators_abort(
     kafka: _Kafka,
 ) -> None:
@@ -190,6 +192,7 @@ def _rows(engine: sa.Engine, table: str) -> list[bytes]:
 
 
 @pytest.mark.parametrize("outage", ["short", "past the transaction timeout"])
+@pytest.mark.guarantee("4.15")
 def test_a_dual_writer_goes_on_or_says_to_restart_after_an_outage(
     kafka: _Kafka, postgres_jdbc: str, outage: str
 ) -> None:
@@ -252,6 +255,7 @@ def test_a_dual_writer_goes_on_or_says_to_restart_after_an_outage(
     engine.dispose()
 
 
+@pytest.mark.guarantee("6.11")
 def test_an_exactly_once_processor_survives_or_restarts_after_a_long_outage(
     kafka: _Kafka,
 ) -> None:

@@ -310,6 +310,7 @@ _DUAL_WRITE_SCHEDULES = [
     _DUAL_WRITE_SCHEDULES,
     ids=[f"{d}-{h}-{s}-{w}" for d, h, s, w in _DUAL_WRITE_SCHEDULES],
 )
+@pytest.mark.guarantee("7.1")
 def test_dual_write_with_the_broker_going_down_at_a_step(
     kafka: _Kafka,
     request: pytest.FixtureRequest,
@@ -499,6 +500,7 @@ _TWO_PHASE_SCHEDULES = [
     _TWO_PHASE_SCHEDULES,
     ids=[f"{w.replace('|', '-')}-{h}-{a}" for w, h, a in _TWO_PHASE_SCHEDULES],
 )
+@pytest.mark.guarantee("7.1")
 def test_two_phase_commit_with_the_broker_going_down_between_the_calls(
     kafka: _Kafka,
     request: pytest.FixtureRequest,
@@ -617,6 +619,7 @@ def _offsets(kafka: _Kafka, group: str, topic: str) -> dict[int, int] | None:
 
 
 @pytest.mark.parametrize("how", [KILL, TERMINATE])
+@pytest.mark.guarantee("7.2")
 def test_exactly_once_processor_with_the_broker_going_down_at_random_moments(
     kafka: _Kafka, request: pytest.FixtureRequest, rng: random.Random, how: str
 ) -> None:

@@ -160,6 +160,7 @@ def _committed_then_bounced(
 
 # ---------------------------------------------------------------- rows 8 and 11
 @pytest.mark.parametrize("how", RESTARTS)
+@pytest.mark.guarantee("3.11")
 def test_a_later_transaction_after_a_restart_means_the_stored_one_committed(kafka, how):
     """Row 8. Transaction N prepared and committed, the coordinator restarted, N+1 begun
     by the same producer session (librdkafka keeps its producer id and epoch across the
@@ -190,6 +191,7 @@ def test_a_later_transaction_after_a_restart_means_the_stored_one_committed(kafk
 
 
 @pytest.mark.parametrize("how", RESTARTS)
+@pytest.mark.guarantee("3.11")
 def test_the_next_transaction_timed_out_after_a_restart_means_the_stored_one_committed(kafka, how):
     """Row 11. As above, and the restarted coordinator then times N+1 out
     (``TransactionStateManager.timedOutTransactions``: Ongoing and start time plus
@@ -221,6 +223,7 @@ def test_the_next_transaction_timed_out_after_a_restart_means_the_stored_one_com
 
 # ---------------------------------------------------------------- prepared, not completed
 @pytest.mark.parametrize("how", RESTARTS)
+@pytest.mark.guarantee("3.11")
 def test_a_transaction_prepared_before_a_restart_is_committed_by_recovery_once(kafka, how):
     """Row 5 across a restart. A transaction prepared and left open (its process gone:
     ``close()`` leaves a prepared transaction open) before the broker goes down is
@@ -259,6 +262,7 @@ def _with_start(start_ms: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return rewrite
 
 
+@pytest.mark.guarantee("3.11")
 def test_a_next_transaction_stamped_before_the_stored_one_is_unknowable(kafka):
     """Row 4. The coordinator's clock went back between N and N+1 (a clock step, or the
     transaction log partition moved to a broker whose clock is behind) by more than the

@@ -472,6 +472,7 @@ def _execute(jdbc_url: str, statement: str) -> int:
 
 @pytest.mark.broker
 @pytest.mark.parametrize("verdict", ["diverged", "unknowable"])
+@pytest.mark.guarantee("3.10")
 def test_recover_that_cannot_settle_tells_a_command_line_user_what_to_do(
     broker, capsys, jdbc_url, txn_id, verdict
 ):
@@ -796,6 +797,7 @@ def test_recover_an_id_without_a_state_row_is_unknown(broker, jdbc_url, capsys, 
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("3.10")
 def test_recover_an_id_the_coordinator_does_not_know_is_unknown(broker, capsys, tmp_path):
     """A state row whose id Kafka does not know (expired, or never initialised): exit 4,
     the row unchanged, nothing registered; since the row holds a transaction not settled,

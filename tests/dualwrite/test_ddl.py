@@ -106,6 +106,7 @@ def _assert_created_once(
 
 
 @pytest.mark.parametrize("qualified", [False, True], ids=["plain", "schema-qualified"])
+@pytest.mark.guarantee("4.9a")
 def test_threads_create_one_fresh_table_at_once(jdbc_url, qualified):
     """Sixteen threads, each with its own session, create one fresh table at the same
     moment (also as ``schema.table``): every call succeeds, exactly one created it."""
@@ -117,6 +118,7 @@ def test_threads_create_one_fresh_table_at_once(jdbc_url, qualified):
     _assert_created_once(jdbc_url, name, schema, results, errors)
 
 
+@pytest.mark.guarantee("4.9a")
 def test_processes_create_one_fresh_table_at_once(jdbc_url):
     """Four processes of four threads each create one fresh table at the same moment."""
     name = f"ddl_{uuid.uuid4().hex[:10]}"
@@ -142,6 +144,7 @@ def test_processes_create_one_fresh_table_at_once(jdbc_url):
     _assert_created_once(jdbc_url, name, None, results, errors)
 
 
+@pytest.mark.guarantee("4.9a")
 def test_threads_add_one_column_at_once(jdbc_url):
     """Sixteen sessions add one missing column at the same moment (the owner column's
     upgrade of an older state table): every call succeeds, exactly one added it."""
@@ -167,6 +170,7 @@ def test_threads_add_one_column_at_once(jdbc_url):
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.9a")
 def test_lost_race_is_success_only_if_the_table_now_exists(jdbc_url, monkeypatch):
     """The losers' path, made certain: both looks said "missing", the CREATE TABLE fails
     because the table exists, and a fresh look makes that success. An error that is not
@@ -208,6 +212,7 @@ def test_lost_race_is_success_only_if_the_table_now_exists(jdbc_url, monkeypatch
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("4.9a")
 def test_dual_writers_start_at_once_on_a_fresh_state_table(broker, jdbc_url):
     """Sixteen DualWriters with distinct transactional ids start at the same moment on one
     fresh state table (a Spark batch 0 on a fresh database): every start() succeeds, and

@@ -88,6 +88,7 @@ def _table_lock_queued(jdbc: str, table: str) -> Iterator[threading.Event]:
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.7")
 def test_a_failed_transaction_is_not_aborted_while_the_last_commit_is_unsettled(
     broker, postgres_jdbc, txn_id
 ):

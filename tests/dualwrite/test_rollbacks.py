@@ -99,6 +99,7 @@ def _skip_invalid(writer: DualWriter, events: Table, topic: str) -> None:
             tx.produce(topic, value.encode())
 
 
+@pytest.mark.guarantee("4.2")
 def test_sqlite_rollback_of_the_whole_transaction_caught_by_the_body_commits_nothing(
     broker: Broker, tmp_path: Any, writer_for: Any, events: Table
 ) -> None:
@@ -113,6 +114,7 @@ def test_sqlite_rollback_of_the_whole_transaction_caught_by_the_body_commits_not
     assert _in_kafka(broker, topic, expected=1) == ["next"]
 
 
+@pytest.mark.guarantee("4.2")
 def test_sqlite_statement_rollback_caught_by_the_body_commits_the_rest(
     broker: Broker, tmp_path: Any, writer_for: Any, events: Table
 ) -> None:
@@ -124,6 +126,7 @@ def test_sqlite_statement_rollback_caught_by_the_body_commits_the_rest(
     assert _in_kafka(broker, topic, expected=2) == ["first", "second"]
 
 
+@pytest.mark.guarantee("4.2")
 def test_postgresql_error_caught_without_a_savepoint_commits_nothing(
     broker: Broker, postgres_jdbc: str, writer_for: Any, events: Table
 ) -> None:
@@ -142,6 +145,7 @@ def test_postgresql_error_caught_without_a_savepoint_commits_nothing(
     assert _in_kafka(broker, topic, expected=1) == ["next"]
 
 
+@pytest.mark.guarantee("4.2")
 def test_postgresql_error_caught_in_a_savepoint_commits_the_rest(
     broker: Broker, postgres_jdbc: str, writer_for: Any, events: Table
 ) -> None:
@@ -190,6 +194,7 @@ def _wait_until_waiting(engine: Engine, thread_id: int) -> None:
     raise AssertionError("the other session never waited for the lock")
 
 
+@pytest.mark.guarantee("4.2")
 def test_mariadb_deadlock_caught_by_the_body_commits_nothing(
     broker: Broker, mariadb_jdbc: str, writer_for: Any, events: Table
 ) -> None:
@@ -244,6 +249,7 @@ def test_mariadb_deadlock_caught_by_the_body_commits_nothing(
         other.dispose()
 
 
+@pytest.mark.guarantee("4.2")
 def test_mariadb_lock_wait_timeout_caught_by_the_body_commits_the_rest(
     broker: Broker, mariadb_jdbc: str, writer_for: Any, events: Table
 ) -> None:

@@ -141,6 +141,7 @@ def events() -> Table:
     )
 
 
+@pytest.mark.guarantee("4.14")
 def test_a_dual_write_waits_for_postgresql_three_times(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
 ) -> None:
@@ -172,6 +173,7 @@ def test_a_dual_write_waits_for_postgresql_three_times(
     assert values == [b"one", b"three", b"two", b"warm-up"]
 
 
+@pytest.mark.guarantee("4.14")
 def test_a_transactional_id_with_quotes_is_one_literal_in_the_lock_sent_with_begin(
     broker: Broker, postgres_jdbc: str, txn_id: str
 ) -> None:
@@ -223,6 +225,7 @@ def _pooled_connection_is_transactional(engine: Engine, events: Table) -> None:
             assert "rolled back" not in conn.execute(select(events.c.value)).scalars().all()
 
 
+@pytest.mark.guarantee("4.14")
 def test_the_pool_never_gets_a_connection_back_in_autocommit_mode(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
 ) -> None:
@@ -292,6 +295,7 @@ def _values(engine: Engine, events: Table) -> list[str]:
         return list(conn.execute(select(events.c.value).order_by(events.c.id)).scalars())
 
 
+@pytest.mark.guarantee("4.14")
 def test_a_session_ended_after_postgresql_answered_commit_is_a_commit_on_both_sides(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
 ) -> None:
@@ -323,6 +327,7 @@ def test_a_session_ended_after_postgresql_answered_commit_is_a_commit_on_both_si
     assert values == [b"after", b"before", b"kept"]
 
 
+@pytest.mark.guarantee("4.14")
 def test_a_session_ended_in_place_of_the_commits_answer_is_unknown_never_aborted(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
 ) -> None:
@@ -356,6 +361,7 @@ def test_a_session_ended_in_place_of_the_commits_answer_is_unknown_never_aborted
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.guarantee("4.14")
 def test_a_session_ended_at_begin_and_lock_is_an_sqlalchemy_error_and_the_writer_goes_on(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
 ) -> None:
@@ -383,6 +389,7 @@ def test_a_session_ended_at_begin_and_lock_is_an_sqlalchemy_error_and_the_writer
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.guarantee("4.14")
 def test_a_pooled_session_ended_between_transactions_is_an_sqlalchemy_error(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
 ) -> None:

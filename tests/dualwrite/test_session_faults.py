@@ -75,6 +75,7 @@ def _is_driver_error(exc: BaseException) -> bool:
 
 # --------------------------------------------------------------------------- autocommit
 @pytest.mark.parametrize("database", ["postgresql", "mariadb"])
+@pytest.mark.guarantee("4.2")
 def test_an_autocommit_engine_is_refused_or_rolls_back_both(
     broker: Broker,
     topic: str,
@@ -238,6 +239,7 @@ def test_idle_in_transaction_timeout_during_the_body_writes_nothing(
 
 
 # --------------------------------------------------------------------- statement_timeout
+@pytest.mark.guarantee("4.9")
 def test_statement_timeout_ending_the_lock_wait_is_the_lock_timeout_error(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:
@@ -309,6 +311,7 @@ def test_a_connection_left_in_a_transaction_by_a_connect_hook_still_commits_both
 
 
 # ------------------------------------------------------------------- a pool of one
+@pytest.mark.guarantee("4.2")
 def test_a_body_failure_on_a_pool_of_one_connection_rolls_back_both_and_goes_on(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:
@@ -381,6 +384,7 @@ def test_a_mark_racing_a_transaction_never_loses_the_new_state(
 
 
 # ------------------------------------------------- the lock bound on MariaDB's pooled sessions
+@pytest.mark.guarantee("4.9")
 def test_a_body_changing_the_session_lock_wait_does_not_unbound_the_next_lock_wait(
     broker: Broker, topic: str, producer_config: dict[str, Any], mariadb_jdbc: str
 ) -> None:
@@ -427,6 +431,7 @@ def test_a_body_changing_the_session_lock_wait_does_not_unbound_the_next_lock_wa
 
 
 # ------------------------------------------------------------------- start() retried
+@pytest.mark.guarantee("4.8")
 def test_start_can_be_called_again_after_its_session_ended_between_settle_and_fence(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:
@@ -479,6 +484,7 @@ def test_start_can_be_called_again_after_its_session_ended_between_settle_and_fe
     assert broker.open_partitions(topic) == {}
 
 
+@pytest.mark.guarantee("4.9")
 def test_a_body_changing_the_busy_timeout_does_not_unbound_the_next_lock_wait_on_sqlite(
     broker: Broker, topic: str, producer_config: dict[str, Any], tmp_path: Any
 ) -> None:
@@ -607,6 +613,7 @@ def test_a_body_failing_after_its_session_ended_rolls_back_both_and_the_writer_g
 
 
 # ------------------------------------- start() whose session ends while the coordinator is slow
+@pytest.mark.guarantee("4.8")
 def test_start_whose_session_ends_during_a_slow_recovery_commits_once_when_called_again(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:
@@ -663,6 +670,7 @@ def test_start_whose_session_ends_during_a_slow_recovery_commits_once_when_calle
     assert broker.open_partitions(topic) == {}
 
 
+@pytest.mark.guarantee("4.8")
 def test_start_whose_session_ends_during_its_fence_can_be_called_again(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:
@@ -713,6 +721,7 @@ def test_start_whose_session_ends_during_its_fence_can_be_called_again(
     assert broker.open_partitions(topic) == {}
 
 
+@pytest.mark.guarantee("4.9")
 def test_a_lock_timeout_on_a_pool_of_one_connection_names_the_rows_owner(
     broker: Broker, topic: str, producer_config: dict[str, Any], pg_tables: Any, postgres_jdbc: str
 ) -> None:

@@ -18,6 +18,7 @@ from kafka_txn.errors import ConfigurationError, TransactionAbortableError
 from tests.support.rig import Broker
 
 
+@pytest.mark.guarantee("4.2")
 def test_an_autocommit_engine_is_refused_before_anything_is_written(
     broker: Broker, topic: str, producer_config: dict[str, Any], jdbc_url: str
 ) -> None:
@@ -53,6 +54,7 @@ def test_an_autocommit_engine_is_refused_before_anything_is_written(
         admin.dispose()
 
 
+@pytest.mark.guarantee("4.9")
 def test_mariadb_max_statement_time_ending_the_lock_wait_is_the_lock_timeout_error(
     broker: Broker, topic: str, producer_config: dict[str, Any], mariadb_jdbc: str
 ) -> None:

@@ -57,6 +57,7 @@ def _assert_equal_sides(broker: Any, jdbc_url: str, events: Table, topic: str) -
     return rows
 
 
+@pytest.mark.guarantee("4.13")
 def test_threads_sharing_one_writer_take_turns(broker, jdbc_url, txn_id):
     """Four threads run transactions on one writer, also before it has started: each
     waits its turn, every transaction commits, and both sides hold each row once."""
@@ -84,6 +85,7 @@ def test_threads_sharing_one_writer_take_turns(broker, jdbc_url, txn_id):
     assert len(_assert_equal_sides(broker, jdbc_url, events, topic)) == 32
 
 
+@pytest.mark.guarantee("4.13")
 def test_a_thread_waits_while_another_is_between_its_database_and_kafka_commits(
     broker, jdbc_url, txn_id
 ):
@@ -123,6 +125,7 @@ def test_a_thread_waits_while_another_is_between_its_database_and_kafka_commits(
     assert _assert_equal_sides(broker, jdbc_url, events, topic) == ["a1", "b1"]
 
 
+@pytest.mark.guarantee("4.13")
 def test_transaction_inside_its_own_body_is_refused(broker, jdbc_url, txn_id):
     """A nested transaction() on the same writer would deadlock: it is refused, and the
     outer transaction rolls back on both sides."""
@@ -141,6 +144,7 @@ def test_transaction_inside_its_own_body_is_refused(broker, jdbc_url, txn_id):
     assert _assert_equal_sides(broker, jdbc_url, events, topic) == ["after"]
 
 
+@pytest.mark.guarantee("4.13")
 def test_an_interruption_after_the_database_commit_stops_the_writer(broker, jdbc_url, txn_id):
     """An interruption (not an Exception) right after the database COMMIT: the transaction
     stays prepared, the writer refuses every later call instead of aborting it, and the

@@ -89,6 +89,7 @@ class Scenario:
 
 
 @pytest.mark.parametrize("step", STEPS)
+@pytest.mark.guarantee("3.1", "4.1")
 def test_killed_at_every_step_then_recovered(broker, jdbc_url, step):
     s = Scenario(broker, jdbc_url)
     first = s.run("--batch", "0")
@@ -110,6 +111,7 @@ def test_killed_at_every_step_then_recovered(broker, jdbc_url, step):
     s.assert_equal_sides(12 if committed else 8)
 
 
+@pytest.mark.guarantee("4.4")
 def test_two_writers_with_one_transactional_id(broker, jdbc_url, tmp_path):
     """A second writer starts while the first is provably still at work: the first has
     committed two of its forty batches and waits, between two transactions, until the
@@ -151,6 +153,7 @@ def test_two_writers_with_one_transactional_id(broker, jdbc_url, tmp_path):
     s.assert_equal_sides(len(rows))
 
 
+@pytest.mark.guarantee("4.2")
 def test_exception_in_the_body_rolls_back_both(broker, jdbc_url, txn_id):
     topic = broker.create_topic()
     events = events_table(f"events_{uuid.uuid4().hex[:10]}")
@@ -175,6 +178,7 @@ def _describe(broker: Broker, txn_id: str) -> TransactionDescription:
         return client.describe()
 
 
+@pytest.mark.guarantee("4.3")
 def test_lost_connection_during_commit_never_aborts_kafka_blindly(broker, postgres_jdbc, txn_id):
     """The database connection dies at COMMIT (its backend terminated before the COMMIT
     reaches it): the writer refuses to guess and leaves the Kafka transaction prepared,
@@ -215,6 +219,7 @@ def test_lost_connection_during_commit_never_aborts_kafka_blindly(broker, postgr
     assert broker.read_committed(topic, expected=0) == []  # ... and not visible: aborted
 
 
+@pytest.mark.guarantee("4.3")
 def test_commit_whose_reply_is_lost_is_committed_by_the_next_start(broker, postgres_jdbc, txn_id):
     """PostgreSQL commits, and the connection drops before its answer reaches the writer
     (a proxy closes it right after the CommandComplete "COMMIT"). The writer cannot tell
@@ -257,6 +262,7 @@ def test_commit_whose_reply_is_lost_is_committed_by_the_next_start(broker, postg
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.guarantee("4.2")
 def test_database_refusing_commit_aborts_kafka(broker, postgres_jdbc, txn_id):
     """PostgreSQL refuses the COMMIT itself (a unique constraint checked at COMMIT,
     DEFERRABLE INITIALLY DEFERRED): nothing committed in the database, so the writer
@@ -355,6 +361,7 @@ def _stand_in_describe(producer: TransactionalProducer) -> None:
     ],
     ids=lambda codes: KafkaError(codes[0]).name(),
 )
+@pytest.mark.guarantee("4.6")
 def test_kafka_commit_failing_after_the_database_commit_is_never_aborted(
     mock_cluster, mock_config, tmp_path, codes
 ):
@@ -403,6 +410,7 @@ def test_kafka_commit_failing_after_the_database_commit_is_never_aborted(
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.6")
 def test_kafka_commit_failing_after_the_database_commit_is_recovered(jdbc_url):
     """The same on a real broker (a private one: the test freezes it with SIGSTOP right
     after the database commit, so the Kafka commit times out). The writer leaves the
@@ -448,6 +456,7 @@ def test_kafka_commit_failing_after_the_database_commit_is_recovered(jdbc_url):
 
 
 # ---------------------------------------------------------------- scenario 4: completed
+@pytest.mark.guarantee("4.7")
 def test_committed_state_is_marked_completed_before_an_abort(broker, jdbc_url, txn_id):
     """An abort may bump the epoch (KIP-360), after which recovery could no longer tell
     that the last committed transaction was settled: its state is stored completed first.
@@ -479,6 +488,7 @@ def test_committed_state_is_marked_completed_before_an_abort(broker, jdbc_url, t
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.guarantee("4.7")
 def test_close_marks_the_last_commit_completed_so_an_epoch_bump_is_harmless(
     broker, jdbc_url, txn_id
 ):
@@ -511,6 +521,7 @@ def test_close_marks_the_last_commit_completed_so_an_epoch_bump_is_harmless(
     assert broker.read_committed(topic, expected=1) == [(None, b"once")]
 
 
+@pytest.mark.guarantee("4.7")
 def test_commit_is_marked_completed_soon_after_without_another_transaction(
     broker, jdbc_url, txn_id
 ):
@@ -540,6 +551,7 @@ def test_commit_is_marked_completed_soon_after_without_another_transaction(
     assert broker.read_committed(topic, expected=1) == [(None, b"idle")]
 
 
+@pytest.mark.guarantee("4.7")
 def test_marking_completed_never_overwrites_a_newer_state(broker, jdbc_url, txn_id):
     """The deferred mark is a compare-and-set on the committed state: if the row holds
     anything else by then (a newer writer's state), it is left alone."""
@@ -560,6 +572,7 @@ def test_marking_completed_never_overwrites_a_newer_state(broker, jdbc_url, txn_
     assert _state_row(jdbc_url, txn_id) == newer
 
 
+@pytest.mark.guarantee("4.7")
 def test_the_happy_path_adds_no_statement_for_the_mark(broker, jdbc_url, txn_id):
     """The next transaction's state write replaces the committed state, so it carries the
     mark: a transaction with a mark pending runs the same state-row statements as one
@@ -586,6 +599,7 @@ def test_the_happy_path_adds_no_statement_for_the_mark(broker, jdbc_url, txn_id)
 
 # ---------------------------------------------------------------- scenario 6: start again
 @pytest.mark.mock
+@pytest.mark.guarantee("4.8")
 def test_start_can_be_called_again_after_init_could_not_reach_the_coordinator(
     mock_cluster, mock_config, txn_id, tmp_path
 ):
@@ -618,6 +632,7 @@ def _heal(proxy: FaultProxy) -> None:
         proxy._faults.clear()
 
 
+@pytest.mark.guarantee("4.8")
 def test_start_can_be_called_again_after_recovery_could_not_reach_the_coordinator(
     broker, jdbc_url, txn_id
 ):
@@ -672,6 +687,7 @@ def _old_state_table(jdbc_url: str, name: str) -> None:
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.10")
 def test_state_table_without_owner_column_is_upgraded_by_racing_writers(
     broker, jdbc_url, txn_id, monkeypatch
 ):
@@ -806,6 +822,7 @@ _CALLER_MADE_DIVERGENCE = pytest.mark.xfail(
 )
 
 
+@pytest.mark.guarantee("4.12")
 def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_url, txn_id):
     """The database committed a transaction that Kafka aborted (as when the coordinator
     times it out). start() reports the divergence and keeps reporting it; after
@@ -845,6 +862,7 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.12")
 def test_a_writer_stopped_between_resolve_and_the_resend_leaves_the_divergence_reported(
     broker, jdbc_url, txn_id, request
 ):
@@ -891,6 +909,7 @@ def test_a_writer_stopped_between_resolve_and_the_resend_leaves_the_divergence_r
 
 
 @pytest.mark.parametrize("database", ["postgres_jdbc", "mariadb_jdbc"])
+@pytest.mark.guarantee("4.10")
 def test_a_state_column_too_short_for_the_states_is_refused_at_start(
     broker, request, database, txn_id
 ):
@@ -925,6 +944,7 @@ def test_a_state_column_too_short_for_the_states_is_refused_at_start(
         engine.dispose()
 
 
+@pytest.mark.guarantee("4.12")
 def test_resolve_refuses_once_a_newer_writer_moved_the_row_on(broker, jdbc_url, txn_id):
     """Two writers both see the divergence; one resolves it and writes its next
     transaction. The other's resolve() of the old state is refused (the row holds the

@@ -125,6 +125,7 @@ class Zombie:
             assert not self._thread.is_alive()
 
 
+@pytest.mark.guarantee("4.4")
 def test_zombie_is_fenced_between_recovery_and_fence(broker, jdbc_url, txn_id):
     """Scenario 1. Writer A runs; writer B's start() has recovered and committed its
     settle transaction but has not fenced A in Kafka yet (a test hook pauses it there).
@@ -170,6 +171,7 @@ def test_zombie_is_fenced_between_recovery_and_fence(broker, jdbc_url, txn_id):
     sides.assert_equal_sides({"a0", "b0"})
 
 
+@pytest.mark.guarantee("4.5")
 def test_zombie_cannot_begin_its_next_transaction_during_recovery(broker, jdbc_url, txn_id):
     """Scenario 8. Recovery's DescribeTransactions -> EndTxn is check-then-act: a zombie
     that committed its last transaction and began the next one in between would have that
@@ -265,6 +267,7 @@ def _hung_holder(jdbc_url: str, txn_id: str) -> Iterator[None]:
         close()
 
 
+@pytest.mark.guarantee("4.9")
 def test_hung_lock_holder_bounds_the_wait_and_names_the_owner(broker, jdbc_url, txn_id):
     """Scenario 7. A session holds the state-row lock and hangs. A running writer's
     transaction and a new writer's start() each give up after lock_timeout with a
@@ -299,6 +302,7 @@ def test_hung_lock_holder_bounds_the_wait_and_names_the_owner(broker, jdbc_url, 
     sides.assert_equal_sides({"a0", "a1", "b0"})
 
 
+@pytest.mark.guarantee("4.4")
 def test_of_two_racing_starts_the_last_owner_is_left_working(broker, jdbc_url, txn_id):
     """Two start()s of one transactional id at once: B1 has recovered and stored its
     owner token, and B2 runs its whole start() before B1 fences. B1 must then give up
@@ -323,6 +327,7 @@ def test_of_two_racing_starts_the_last_owner_is_left_working(broker, jdbc_url, t
     sides.assert_equal_sides({"b2"})
 
 
+@pytest.mark.guarantee("4.9")
 def test_body_sql_waiting_for_a_metadata_lock_is_bounded_on_mariadb(broker, mariadb_jdbc, txn_id):
     """lock_timeout also bounds the body's own SQL on MariaDB when it waits for a table's
     metadata lock (LOCK TABLES here; any statement queued behind an ALTER TABLE alike),

@@ -87,6 +87,7 @@ def _positions_after_last_record(broker, topic: str, count: int) -> dict[int, in
     return {p: o + 1 for p, o in last.items()}
 
 
+@pytest.mark.guarantee("6.1")
 def test_poison_record_is_retried_then_dead_lettered(broker):
     source, sink, dlq = (broker.create_topic(2) for _ in range(3))
     values = [b"ok-%02d" % i for i in range(30)]
@@ -138,6 +139,7 @@ def test_dead_letter_headers_say_where_and_why(broker):
     assert headers["kafka_txn.dlt.exception.message"] == b"boom"
 
 
+@pytest.mark.guarantee("1.4", "6.7")
 def test_fenced_producer_stops_the_loop(broker):
     source, sink = broker.create_topic(1), broker.create_topic(1)
     _seed(broker, source, [b"first"])
@@ -176,6 +178,7 @@ def _open_partitions_after_close(broker, topic: str) -> dict[int, tuple[int, int
 
 
 @pytest.mark.parametrize("code", ["ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID"])
+@pytest.mark.guarantee("1.13")
 def test_close_aborts_a_transaction_whose_offsets_the_group_refused(broker, txn_id, code):
     """The group refuses the transaction's offsets (the member's generation moved on, or
     it left the group): KIP-691 makes that fatal, but librdkafka can still abort. close()
@@ -214,6 +217,7 @@ def test_close_aborts_a_transaction_whose_offsets_the_group_refused(broker, txn_
     assert _committed(broker, group, source, 1) == {0: -1001}  # OFFSET_INVALID: none
 
 
+@pytest.mark.guarantee("1.12", "1.13")
 def test_close_after_the_group_refused_the_offsets_is_bounded_when_the_abort_hangs(broker, txn_id):
     """The same fatal refusal, then a coordinator that keeps answering the abort's EndTxn
     with a retriable error: close(timeout) gives up within its timeout (confluent-kafka's
@@ -259,6 +263,7 @@ def test_close_after_the_group_refused_the_offsets_is_bounded_when_the_abort_han
     assert broker.read_committed(sink, expected=0) == []
 
 
+@pytest.mark.guarantee("1.13", "6.9")
 def test_processor_whose_offsets_the_group_refused_stops_and_its_successor_loses_nothing(broker):
     """run() stops with FatalError when the group refuses its offsets (a member removed
     while it worked); its close() aborts the transaction at once, so read_committed
@@ -294,6 +299,7 @@ def test_processor_whose_offsets_the_group_refused_stops_and_its_successor_loses
     assert sorted(v for _, v in broker.read_committed(sink, expected=3)) == values
 
 
+@pytest.mark.guarantee("6.1")
 def test_processor_whose_commit_was_applied_then_answered_with_an_error_outputs_once(broker):
     """6.1 with a commit the coordinator applied and then answered with an error that is
     not a refusal (REQUEST_TIMED_OUT): the processor must not take it as "not committed"
@@ -349,6 +355,7 @@ class _Watched(ExactlyOnceProcessor):
         super().close()
 
 
+@pytest.mark.guarantee("6.1")
 def test_rebalance_loses_and_duplicates_nothing(broker):
     """A second member joins the group while the first is at work: the first member's
     partitions are revoked while it runs, both members process records, and the sink
@@ -461,6 +468,7 @@ def _topic_with_limit(broker, max_message_bytes: int) -> str:
 
 
 @pytest.mark.parametrize("where", ["at_produce", "at_delivery"])
+@pytest.mark.guarantee("6.2")
 def test_rejected_output_is_retried_alone_then_dead_lettered(broker, where):
     """An input whose output Kafka refuses as bad (MESSAGE_REJECTED: larger than
     message.max.bytes, refused by produce() itself, or larger than the topic's
@@ -505,6 +513,7 @@ def test_rejected_output_is_retried_alone_then_dead_lettered(broker, where):
     assert _committed(broker, group, source, 2) == _positions_after_last_record(broker, source, 30)
 
 
+@pytest.mark.guarantee("6.3")
 def test_delivery_failure_retries_the_batch_with_backoff_and_never_dead_letters(
     mock_cluster,
 ):
@@ -564,6 +573,7 @@ def _mock_processor(cluster, process, *, producer_extra=None, **kw) -> ExactlyOn
     )  # fmt: skip
 
 
+@pytest.mark.guarantee("6.4")
 def test_failed_transaction_is_aborted_before_the_consumer_rewinds(mock_cluster):
     """While a transaction holds offsets for the group, Apache Kafka answers a
     read_committed consumer's OffsetFetch with UNSTABLE_OFFSET_COMMIT (librdkafka retries
@@ -625,6 +635,7 @@ def _commit_spy(processor, cluster, *, heal_after: int | None) -> list[str]:
     return calls
 
 
+@pytest.mark.guarantee("6.5")
 def test_commit_with_unknown_outcome_is_tried_again_until_it_settles(mock_cluster):
     """commit_transaction() ran out of time with retriable errors: the outcome is
     unknown, so the loop commits again (never aborts) and the batch commits once."""
@@ -636,6 +647,7 @@ def test_commit_with_unknown_outcome_is_tried_again_until_it_settles(mock_cluste
     assert (stats.transactions, stats.records, stats.aborts) == (1, 3, 0)
 
 
+@pytest.mark.guarantee("6.5")
 def test_commit_outcome_still_unknown_after_the_bound_stops_the_loop_unaborted(mock_cluster):
     """A commit still unsettled after commit_attempts tries stops run() with
     TransactionOutcomeUnknownError saying so; the transaction is never aborted."""
@@ -649,6 +661,7 @@ def test_commit_outcome_still_unknown_after_the_bound_stops_the_loop_unaborted(m
     assert processor.stats.transactions == 0
 
 
+@pytest.mark.guarantee("6.5")
 def test_abort_that_does_not_complete_is_tried_again(mock_cluster):
     """abort_transaction() ran out of time (EndTxn kept failing with a retriable error):
     the loop aborts again rather than dying, and the batch then commits once."""
@@ -683,6 +696,7 @@ def test_abort_that_does_not_complete_is_tried_again(mock_cluster):
 
 
 # ---------------------------------------------------------------- auto.offset.reset
+@pytest.mark.guarantee("6.6")
 def test_rollback_with_latest_reset_rewinds_to_the_batch_not_to_old_history(broker):
     """With auto.offset.reset=latest and no committed offset yet, a rolled-back batch is
     read again from its own first offset, not from the beginning of the partition."""
@@ -732,6 +746,7 @@ def test_rollback_with_latest_reset_rewinds_to_the_batch_not_to_old_history(brok
     [lambda sink: [OutputRecord(sink, 12345)], lambda sink: [(sink,)]],
     ids=["value_of_wrong_type", "malformed_tuple"],
 )
+@pytest.mark.guarantee("6.2")
 def test_an_output_process_got_wrong_is_that_records_failure(broker, bad_output):
     """process() returns an output confluent-kafka cannot take (an int value) or a tuple
     that is no OutputRecord: that record fails like one whose process() raises (retried,
@@ -753,6 +768,7 @@ def test_an_output_process_got_wrong_is_that_records_failure(broker, bad_output)
     assert [v for _, v in broker.read_committed(dlq, expected=1)] == [b"bad"]
 
 
+@pytest.mark.guarantee("6.3")
 def test_a_recoverer_that_raises_is_tried_again(broker):
     """A custom recoverer raising a non-Kafka exception (its database is away, say) aborts
     the transaction and is tried again; run() goes on."""
@@ -777,6 +793,7 @@ def test_a_recoverer_that_raises_is_tried_again(broker):
     assert [v for _, v in broker.read_committed(sink, expected=1)] == [b"ok"]
 
 
+@pytest.mark.guarantee("6.2")
 def test_a_record_batch_refused_as_a_whole_blames_no_single_input(broker):
     """Three inputs whose outputs each fit the topic's max.message.bytes, but not
     together: librdkafka puts them in one record batch, the broker refuses it, and every

@@ -332,6 +332,7 @@ def _rebalance_waits_for_a(run: _Run) -> bool:
 
 # ---------------------------------------------------------------- the tests
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.guarantee("6.10")
 def test_a_member_joining_while_a_transaction_is_open_does_not_refuse_its_offsets(kafka, protocol):
     """A second member joins while the first has a transaction open and its offsets not
     sent. The group coordinator waits for the member at work: a classic group stays in
@@ -379,6 +380,7 @@ def test_a_member_joining_while_a_transaction_is_open_does_not_refuse_its_offset
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.guarantee("6.10")
 def test_a_member_removed_while_a_transaction_is_open_has_its_offsets_refused(kafka, protocol):
     """The member at work stalls in ``process()`` past ``max.poll.interval.ms`` while a
     second member waits for its partitions. Consumer protocol: the group coordinator
@@ -485,6 +487,7 @@ def test_offsets_sent_with_group_metadata_from_before_a_rebalance(kafka, protoco
         assert answers == {"kept": "committed", "moved": "ILLEGAL_GENERATION"}
 
 
+@pytest.mark.guarantee("6.10")
 def test_a_stale_member_epoch_answer_stops_the_loop_like_illegal_generation(kafka):
     """``STALE_MEMBER_EPOCH`` is what the group answers a KIP-848 member's
     TxnOffsetCommit v6+ with an epoch it refuses (``OffsetMetadataManager``:

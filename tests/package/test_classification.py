@@ -47,6 +47,7 @@ def _librdkafka_codes() -> dict[int, str]:
     }
 
 
+@pytest.mark.guarantee("1.3")
 def test_table_covers_every_librdkafka_code():
     codes = _librdkafka_codes()
     missing = {name for code, name in codes.items() if code not in ERROR_TABLE}
@@ -168,6 +169,7 @@ FENCING = frozenset({"PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED"})
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.guarantee("1.3")
 def test_codes_that_matter(name):
     """The hand-written expectation above, against classify(), the record failure and
     the exception a commit raises."""
@@ -207,11 +209,13 @@ LIBRDKAFKA_FLAGGED = [
 
 
 @pytest.mark.parametrize(("name", "flag", "category"), LIBRDKAFKA_FLAGGED)
+@pytest.mark.guarantee("1.3")
 def test_librdkafka_flags_decide_except_kip691_fatal_codes(name, flag, category):
     assert classify(KafkaError(getattr(KafkaError, name), **{flag: True}))[0] is category
 
 
 @pytest.mark.parametrize("rule", sorted(ERROR_TABLE.values(), key=lambda r: r.code), ids=str)
+@pytest.mark.guarantee("1.3")
 def test_every_row(rule):
     """What holds for every row whatever its category: librdkafka's flags come first
     (a ``fatal()`` is never downgraded; ``txn_requires_abort()`` and ``retriable()``
@@ -254,6 +258,7 @@ def test_issue_failure_types(name, failure_type):
     assert rule_for(getattr(KafkaError, name)).failure_type is failure_type
 
 
+@pytest.mark.guarantee("1.3")
 def test_kip691_fatal_codes():
     for name in (
         "TOPIC_AUTHORIZATION_FAILED",

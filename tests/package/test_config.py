@@ -61,6 +61,7 @@ def test_non_bytes_value_without_serializer_is_a_clear_type_error(producer_confi
         p.abort_transaction()
 
 
+@pytest.mark.guarantee("1.2")
 def test_serializers_are_applied_and_their_failures_reject_the_record(
     broker, producer_config, topic
 ):

@@ -74,6 +74,7 @@ def test_produce_failure_context():
     assert "t[2]" in str(exc) and "MESSAGE_REJECTED" in str(exc)
 
 
+@pytest.mark.guarantee("1.3")
 def test_wrapping_depth_is_one():
     raw = KafkaException(KafkaError(KafkaError.PRODUCER_FENCED, fatal=True))
     try:

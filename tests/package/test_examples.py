@@ -74,6 +74,7 @@ def _args(broker, source, sink, group, *extra: str):
     )
 
 
+@pytest.mark.guarantee("6.1")
 def test_consume_process_produce_is_exactly_once_under_injected_failure(broker):
     source = broker.create_topic(partitions=3)
     sink = broker.create_topic(partitions=3)
@@ -89,6 +90,7 @@ def test_consume_process_produce_is_exactly_once_under_injected_failure(broker):
     assert output == Counter(v.upper() for v in inputs)
 
 
+@pytest.mark.guarantee("6.7")
 def test_consume_process_produce_stops_on_fatal_error(broker):
     source = broker.create_topic(partitions=1)
     sink = broker.create_topic(partitions=1)
@@ -116,6 +118,7 @@ def test_consume_process_produce_stops_on_fatal_error(broker):
     assert len(outcome) == 1 and isinstance(outcome[0], FatalError), outcome
 
 
+@pytest.mark.guarantee("6.4")
 def test_consume_process_produce_aborts_before_it_rewinds(mock_cluster, monkeypatch):
     """The example aborts a failed transaction before it rewinds, and rewinds without an
     offset fetch: the mock cluster answers OffsetFetch with UNSTABLE_OFFSET_COMMIT (what
@@ -165,6 +168,7 @@ def test_consume_process_produce_aborts_before_it_rewinds(mock_cluster, monkeypa
     assert processed == [b"v0", b"v0", b"v1", b"v2", b"v3", b"v4"]
 
 
+@pytest.mark.guarantee("6.5")
 def test_consume_process_produce_commits_again_when_the_outcome_is_unknown(
     mock_cluster, monkeypatch
 ):
@@ -257,6 +261,7 @@ def _exactly_once(values: list[bytes]) -> Counter[tuple[bytes | None, bytes | No
 
 
 # ---------------------------------------------------------------- rebalance, takeover
+@pytest.mark.guarantee("6.1")
 def test_consume_process_produce_rebalance_mid_stream_is_exactly_once(broker, monkeypatch):
     """A second instance (its own transactional id, the same group) joins while the first
     is at work. The group rebalances between transactions: the first instance gives up
@@ -310,6 +315,7 @@ def test_consume_process_produce_rebalance_mid_stream_is_exactly_once(broker, mo
     assert Counter(broker.read_committed(sink, expected=total)) == _exactly_once(first + second)
 
 
+@pytest.mark.guarantee("6.7")
 def test_consume_process_produce_restart_fences_a_zombie_and_takes_over(broker, monkeypatch):
     """An instance started again with the same --transactional-id while the old process
     still runs, stuck in the middle of a transaction (a zombie): the new instance's
@@ -371,6 +377,7 @@ def test_consume_process_produce_restart_fences_a_zombie_and_takes_over(broker, 
 
 
 # ---------------------------------------------------------------- commit failures
+@pytest.mark.guarantee("6.5")
 def test_consume_process_produce_commits_again_after_the_broker_cut_a_commit_off(monkeypatch):
     """A real broker stops answering (SIGSTOP) during a commit: commit_transaction() runs
     out of time with its outcome unknown. The example calls it again once the broker
@@ -414,6 +421,7 @@ def test_consume_process_produce_commits_again_after_the_broker_cut_a_commit_off
         assert Counter(rig.read_committed(sink, expected=60)) == _exactly_once(inputs)
 
 
+@pytest.mark.guarantee("6.4")
 def test_consume_process_produce_aborts_then_retries_a_failed_commit(mock_cluster, monkeypatch):
     """commit_transaction() fails abortably (CommitFailedException: the coordinator
     refuses EndTxn). The example aborts, rewinds to the batch's first offset, processes
@@ -479,6 +487,7 @@ def _topic_with_limit(broker, max_message_bytes: int) -> str:
 
 
 @pytest.mark.parametrize("dead_letter", [True, False], ids=["dead_lettered", "skipped"])
+@pytest.mark.guarantee("6.2")
 def test_consume_process_produce_sets_aside_an_input_whose_output_is_rejected(broker, dead_letter):
     """An input whose output the broker refuses as too large (MESSAGE_REJECTED, at the
     commit's flush) is not retried forever: its batch goes again one record per
@@ -511,6 +520,7 @@ def test_consume_process_produce_sets_aside_an_input_whose_output_is_rejected(br
 
 # ---------------------------------------------------------------- consumer errors
 @pytest.mark.parametrize("loop", ["example", "processor"])
+@pytest.mark.guarantee("6.8")
 def test_a_fatal_consumer_error_stops_the_loop(mock_cluster, monkeypatch, loop):
     """librdkafka reports a fatal consumer error (here a static member fenced by another
     with its group.instance.id: FENCED_INSTANCE_ID on Heartbeat) through consume(), as an
@@ -553,6 +563,7 @@ def test_a_fatal_consumer_error_stops_the_loop(mock_cluster, monkeypatch, loop):
     assert info.value.kafka_error.code() == KafkaError._FATAL
 
 
+@pytest.mark.guarantee("6.8")
 def test_consume_process_produce_logs_consumer_errors_and_goes_on(broker, caplog):
     """A consumer error that is not fatal (here the input topic does not exist:
     UNKNOWN_TOPIC_OR_PART) is logged as a warning, and the loop goes on until its idle

@@ -56,6 +56,7 @@ class _Interrupted(BaseException):
 
 
 @pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "plain"])
+@pytest.mark.guarantee("2.7")
 def test_a_signal_right_after_librdkafkas_begin_leaves_the_producer_usable(
     broker: Broker, topic: str, producer_config: dict[str, Any], two_phase: bool
 ) -> None:
@@ -80,6 +81,7 @@ def test_a_signal_right_after_librdkafkas_begin_leaves_the_producer_usable(
         producer.close(timeout=5)
 
 
+@pytest.mark.guarantee("2.7")
 def test_a_second_signal_while_the_interrupted_wait_is_undone_leaves_the_producer_usable(
     broker: Broker, topic: str, two_phase_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,6 +137,7 @@ def _group_metadata(bootstrap: str) -> tuple[Consumer, Any]:
     return consumer, consumer.consumer_group_metadata()
 
 
+@pytest.mark.guarantee("1.7")
 def test_close_after_the_group_refused_the_offsets_closes_when_a_callback_raises(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
@@ -166,6 +169,7 @@ def test_close_after_the_group_refused_the_offsets_closes_when_a_callback_raises
             producer.close(timeout=5)
 
 
+@pytest.mark.guarantee("1.6")
 def test_commit_again_after_a_signal_right_after_librdkafkas_commit_writes_no_duplicate(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -184,6 +188,7 @@ def test_commit_again_after_a_signal_right_after_librdkafkas_commit_writes_no_du
         producer.close(timeout=5)
 
 
+@pytest.mark.guarantee("1.6")
 def test_abort_again_after_a_signal_right_after_librdkafkas_abort_leaves_a_usable_producer(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -252,6 +257,7 @@ def test_the_abort_of_a_transaction_block_lets_go_of_its_callers_frames(
 _TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 
+@pytest.mark.guarantee("1.13")
 def test_close_aborts_a_transaction_whose_prepare_failed_fatally(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
@@ -279,6 +285,7 @@ def test_close_aborts_a_transaction_whose_prepare_failed_fatally(
 _TOPIC_AUTHORIZATION_FAILED = 29
 
 
+@pytest.mark.guarantee("1.13")
 def test_close_aborts_a_transaction_whose_commit_found_a_topic_not_authorized(
     broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
 ) -> None:
@@ -307,6 +314,7 @@ def test_close_aborts_a_transaction_whose_commit_found_a_topic_not_authorized(
         settle_id(broker, txn_id)
 
 
+@pytest.mark.guarantee("1.9")
 def test_a_resumed_commit_with_a_short_timeout_gets_the_retry_floor(
     mock_cluster: Any, mock_config: Callable[..., dict[str, Any]], txn_id: str
 ) -> None:
@@ -368,6 +376,7 @@ def test_close_after_the_group_refused_the_offsets_and_a_zombie_took_over_warns_
         zombie_killer.close(timeout=5)
 
 
+@pytest.mark.guarantee("1.13")
 def test_close_from_a_signal_handler_during_prepare_aborts_the_transaction(
     broker: Broker, topic: str, two_phase_config: dict[str, Any], txn_id: str
 ) -> None:
@@ -395,6 +404,7 @@ def test_close_from_a_signal_handler_during_prepare_aborts_the_transaction(
         settle_id(broker, txn_id)
 
 
+@pytest.mark.guarantee("6.9")
 def test_processor_whose_offsets_the_group_refused_closes_both_clients_when_a_callback_raises(
     broker: Broker, proxy: KafkaProxy, txn_id: str
 ) -> None:
@@ -500,6 +510,7 @@ def _fresh_producer_commits(broker: Broker, config: dict[str, Any], topic: str) 
 
 
 @pytest.mark.parametrize("two_phase", [False, True], ids=["plain", "two-phase"])
+@pytest.mark.guarantee("1.6")
 def test_close_from_a_signal_handler_right_after_librdkafkas_commit_reports_the_commit(
     broker: Broker, topic: str, producer_config: dict[str, Any], two_phase: bool
 ) -> None:
@@ -530,6 +541,7 @@ def test_close_from_a_signal_handler_right_after_librdkafkas_commit_reports_the_
     assert broker.read_committed(topic, expected=2) == [(None, b"once"), (None, b"successor")]
 
 
+@pytest.mark.guarantee("1.6")
 def test_close_from_a_signal_handler_right_after_librdkafkas_abort_reports_the_abort(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -552,6 +564,7 @@ def test_close_from_a_signal_handler_right_after_librdkafkas_abort_reports_the_a
 
 
 @pytest.mark.parametrize("two_phase", [False, True], ids=["plain", "two-phase"])
+@pytest.mark.guarantee("1.6")
 def test_close_from_a_signal_handler_right_after_librdkafkas_begin_refuses_the_transaction(
     broker: Broker, topic: str, producer_config: dict[str, Any], two_phase: bool
 ) -> None:
@@ -577,6 +590,7 @@ def test_close_from_a_signal_handler_right_after_librdkafkas_begin_refuses_the_t
     assert broker.read_committed(topic, expected=1) == [(None, b"successor")]
 
 
+@pytest.mark.guarantee("1.6")
 def test_close_from_a_signal_handler_right_after_librdkafkas_init_leaves_it_closed(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -593,6 +607,7 @@ def test_close_from_a_signal_handler_right_after_librdkafkas_init_leaves_it_clos
     assert broker.read_committed(topic, expected=1) == [(None, b"successor")]
 
 
+@pytest.mark.guarantee("1.6")
 def test_close_from_a_signal_handler_as_prepare_confirms_hands_out_no_state(
     broker: Broker, topic: str, two_phase_config: dict[str, Any], txn_id: str
 ) -> None:
@@ -626,6 +641,7 @@ def test_close_from_a_signal_handler_as_prepare_confirms_hands_out_no_state(
 
 @pytest.mark.parametrize("call", ["produce", "send"])
 @pytest.mark.parametrize("two_phase", [False, True], ids=["plain", "two-phase"])
+@pytest.mark.guarantee("2.1")
 def test_a_send_interrupted_right_after_librdkafka_queued_it_fails_the_transaction(
     broker: Broker, topic: str, producer_config: dict[str, Any], call: str, two_phase: bool
 ) -> None:
@@ -671,6 +687,7 @@ _END_TXN_ANSWERS_AFTER_APPLYING = pytest.mark.parametrize(
 
 
 @_END_TXN_ANSWERS_AFTER_APPLYING
+@pytest.mark.guarantee("1.3")
 def test_a_commit_the_coordinator_applied_then_answered_with_an_error_is_never_commit_failed(
     broker: Broker, topic: str, txn_id: str, code: int
 ) -> None:
@@ -703,6 +720,7 @@ def test_a_commit_the_coordinator_applied_then_answered_with_an_error_is_never_c
     assert visible == [(None, b"order-1"), (None, b"successor")]
 
 
+@pytest.mark.guarantee("1.3")
 def test_a_commit_refused_by_endtxn_with_an_abortable_refusal_is_still_commit_failed(
     broker: Broker, topic: str, txn_id: str
 ) -> None:

@@ -47,6 +47,7 @@ def _ready(conf: dict) -> TransactionalProducer:
         (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, False),
     ],
 )
+@pytest.mark.guarantee("1.3")
 def test_fatal_end_txn_errors_kill_the_producer(mock_cluster, mock_config, code, fenced):
     p = _ready(mock_config())
     p.begin_transaction()
@@ -116,6 +117,7 @@ def test_not_enough_replicas_until_retries_run_out(mock_cluster, mock_config):
         [KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.CONCURRENT_TRANSACTIONS],
     ],
 )
+@pytest.mark.guarantee("1.3")
 def test_retriable_end_txn_errors_commit_after_retries(mock_cluster, mock_config, codes):
     p = _ready(mock_config())
     p.begin_transaction()
@@ -127,6 +129,7 @@ def test_retriable_end_txn_errors_commit_after_retries(mock_cluster, mock_config
     p.close()
 
 
+@pytest.mark.guarantee("1.1")
 def test_abort_purges_queued_records_as_transaction_failed(mock_cluster, mock_config):
     mock_cluster.set_broker_down(1)
     mock_cluster.set_broker_down(2)
@@ -151,6 +154,7 @@ def test_abort_purges_queued_records_as_transaction_failed(mock_cluster, mock_co
     p.close()
 
 
+@pytest.mark.guarantee("1.2")
 def test_produce_after_an_unseen_record_failure_is_abortable_not_fatal(mock_cluster, mock_config):
     """librdkafka refuses produce() with _STATE once a record failed in the background;
     that is the transaction failing, not the producer dying."""
@@ -176,6 +180,7 @@ def test_produce_after_an_unseen_record_failure_is_abortable_not_fatal(mock_clus
     p.close()
 
 
+@pytest.mark.guarantee("1.2")
 def test_full_queue_waits_for_room_then_fails_the_record(mock_cluster, mock_config):
     p = TransactionalProducer(
         mock_config(queue_buffering_max_messages=2), operation_timeout=30, queue_full_timeout=0.5
@@ -218,6 +223,7 @@ def _in_flight_commit(mock_config, sleep=time.sleep) -> TransactionalProducer:
 
 
 @pytest.mark.parametrize("fault", ["brokers_down", "coordinator_loading"])
+@pytest.mark.guarantee("1.9")
 def test_commit_outlasting_its_deadline_is_unknown_and_never_aborted(
     mock_cluster, mock_config, fault
 ):
@@ -296,6 +302,7 @@ def test_offsets_outlasting_their_deadline_make_the_transaction_abortable(
         consumer.close()
 
 
+@pytest.mark.guarantee("1.9")
 def test_retriable_errors_are_retried_with_backoff_until_operation_timeout(
     mock_cluster, mock_config, txn_id
 ):
@@ -347,6 +354,7 @@ class _Held:
     """An object only a caller's frame refers to."""
 
 
+@pytest.mark.guarantee("1.11")
 def test_a_retried_call_lets_go_of_its_callers_frames(mock_cluster, mock_config, txn_id):
     """A commit that kafka-txn retries (EndTxn refused at once with the retriable
     _UNSUPPORTED_FEATURE, as in the test above) pins nothing once its exception is
@@ -399,6 +407,7 @@ def test_a_retried_call_lets_go_of_its_callers_frames(mock_cluster, mock_config,
         (2.0, 1.25, 1),  # the first try leaves 0.75 s: no retry, the outcome is unknown
     ],
 )
+@pytest.mark.guarantee("1.9")
 def test_every_retry_gets_the_floor_and_none_starts_with_less_left(
     mock_cluster, mock_config, txn_id, monkeypatch, budget, took, tries
 ):
@@ -487,6 +496,7 @@ with MockCluster(brokers=1) as cluster:
 """
 
 
+@pytest.mark.guarantee("1.9")
 def test_a_commit_whose_end_txn_reply_is_held_past_its_budget_is_resumed_safely():
     """End to end, in a child process (librdkafka's assertion aborts the process): the
     coordinator holds its EndTxn reply (2 s) past commit_transaction(timeout=0.5). The

@@ -44,6 +44,7 @@ def _note(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------- callbacks that raise
+@pytest.mark.guarantee("1.7")
 def test_a_commit_that_succeeded_is_not_undone_by_a_callback_that_raises(
     broker: Broker, producer_config: dict[str, Any]
 ) -> None:
@@ -68,6 +69,7 @@ def test_a_commit_that_succeeded_is_not_undone_by_a_callback_that_raises(
     assert _values(broker, topic, 2) == [b"order-1", b"order-2"]
 
 
+@pytest.mark.guarantee("1.7")
 def test_an_abort_that_succeeded_leaves_a_usable_producer_when_a_callback_raises(
     broker: Broker, producer_config: dict[str, Any]
 ) -> None:
@@ -89,6 +91,7 @@ def test_an_abort_that_succeeded_leaves_a_usable_producer_when_a_callback_raises
     assert _values(broker, topic, 1) == [b"order-2"]
 
 
+@pytest.mark.guarantee("1.7")
 def test_close_closes_when_a_callback_raises_during_its_abort(
     broker: Broker, producer_config: dict[str, Any]
 ) -> None:
@@ -117,6 +120,7 @@ def _warnings_of(call: Callable[[], None]) -> list[str]:
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("1.12")
 def test_close_after_an_init_that_timed_out_warns_nothing() -> None:
     """init_transactions() against a loopback port nobody answers on times out while
     librdkafka's init stays under way; close() then neither lets confluent-kafka's own
@@ -135,6 +139,7 @@ def test_close_after_an_init_that_timed_out_warns_nothing() -> None:
     assert producer.state == "closed"
 
 
+@pytest.mark.guarantee("1.12")
 def test_close_of_a_fenced_producer_warns_nothing(
     broker: Broker, producer_config: dict[str, Any]
 ) -> None:
@@ -191,6 +196,7 @@ def _release_once_state_leaves(
     return watcher
 
 
+@pytest.mark.guarantee("1.8")
 def test_commit_waits_for_a_send_under_way_and_never_commits_past_its_failed_record(
     broker: Broker, producer_config: dict[str, Any]
 ) -> None:
@@ -229,6 +235,7 @@ def test_commit_waits_for_a_send_under_way_and_never_commits_past_its_failed_rec
     assert _values(broker, topic, 0) == []
 
 
+@pytest.mark.guarantee("1.8")
 def test_abort_waits_for_a_send_under_way_so_its_record_never_joins_the_next_transaction(
     broker: Broker, producer_config: dict[str, Any]
 ) -> None:
@@ -267,6 +274,7 @@ def test_abort_waits_for_a_send_under_way_so_its_record_never_joins_the_next_tra
     assert _values(broker, topic, 1) == [b"order-2"]
 
 
+@pytest.mark.guarantee("1.10")
 def test_produce_send_and_poll_from_many_threads(
     broker: Broker, producer_config: dict[str, Any]
 ) -> None:

@@ -288,6 +288,7 @@ BROKER_STATES = {
 
 
 @pytest.mark.parametrize("state", list(BROKER_STATES))
+@pytest.mark.guarantee("1.15")
 def test_close_destroys_the_handle_and_frees_its_resources(
     broker: Broker, handles: list[weakref.ref[Producer]], state: str
 ) -> None:
@@ -307,6 +308,7 @@ def test_close_destroys_the_handle_and_frees_its_resources(
     )
 
 
+@pytest.mark.guarantee("1.15")
 def test_close_while_the_fatal_error_is_handled_destroys_the_handle(
     broker: Broker, handles: list[weakref.ref[Producer]]
 ) -> None:
@@ -332,6 +334,7 @@ def test_close_while_the_fatal_error_is_handled_destroys_the_handle(
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("1.15")
 def test_close_after_an_init_that_timed_out_destroys_the_handle(
     handles: list[weakref.ref[Producer]],
 ) -> None:
@@ -399,6 +402,7 @@ def _unknown_commit(
 
 @pytest.mark.mock
 @pytest.mark.parametrize("prepared", [False, True], ids=["committing", "in doubt"])
+@pytest.mark.guarantee("1.15")
 def test_close_with_a_commit_of_unknown_outcome_destroys_the_handle(
     mock: MockCluster, handles: list[weakref.ref[Producer]], prepared: bool
 ) -> None:
@@ -416,6 +420,7 @@ def test_close_with_a_commit_of_unknown_outcome_destroys_the_handle(
 
 
 # ------------------------------------------------------------------ DualWriter
+@pytest.mark.guarantee("1.15")
 def test_dual_writers_closed_after_their_database_session_ended_free_their_producers(
     broker: Broker, postgres_jdbc: str, handles: list[weakref.ref[Producer]]
 ) -> None:

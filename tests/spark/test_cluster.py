@@ -86,6 +86,7 @@ def assert_input_exactly_once(
 
 
 @pytest.mark.timeout(900)  # a cluster's start, then a run bounded by 300 s on its own
+@pytest.mark.guarantee("5.1")
 def test_sink_on_local_cluster_with_a_task_retried_on_the_other_executor(
     broker, postgres_jdbc, tmp_path
 ):

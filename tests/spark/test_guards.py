@@ -79,6 +79,7 @@ def _files(folder: Path, name: str, values: list[str]) -> None:
 
 
 # ------------------------------------------------------------------ query identity
+@pytest.mark.guarantee("5.3")
 def test_a_second_query_on_a_prefix_is_refused_naming_both_then_may_start_over(
     spark, broker, postgres_jdbc, tmp_path
 ):
@@ -111,6 +112,7 @@ def test_a_second_query_on_a_prefix_is_refused_naming_both_then_may_start_over(
     assert _sides(broker, topic, postgres_jdbc, table, len(everything)) == (everything,) * 2
 
 
+@pytest.mark.guarantee("5.3")
 def test_a_batch_job_and_a_query_do_not_share_a_prefix(spark, broker, postgres_jdbc, tmp_path):
     """sink.write() outside a query owns its prefix as "a batch job"; a streaming query
     on it is refused, and says so."""
@@ -125,6 +127,7 @@ def test_a_batch_job_and_a_query_do_not_share_a_prefix(spark, broker, postgres_j
 
 
 # ------------------------------------------------------------------ replay shape
+@pytest.mark.guarantee("5.4")
 def test_a_replay_with_another_partition_count_is_refused_naming_the_batch(
     spark, broker, postgres_jdbc, tmp_path
 ):
@@ -151,6 +154,7 @@ def test_a_replay_with_another_partition_count_is_refused_naming_the_batch(
     assert _sides(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
 
 
+@pytest.mark.guarantee("5.4")
 def test_a_batch_that_committed_nothing_may_be_replayed_with_another_shape(
     spark, broker, postgres_jdbc, tmp_path
 ):
@@ -170,6 +174,7 @@ def test_a_batch_that_committed_nothing_may_be_replayed_with_another_shape(
     assert _sides(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
 
 
+@pytest.mark.guarantee("5.5")
 def test_a_partition_left_prepared_is_committed_before_the_next_batch(
     spark, broker, jdbc_url, tmp_path
 ):
@@ -204,6 +209,7 @@ def test_a_partition_left_prepared_is_committed_before_the_next_batch(
 
 
 # ------------------------------------------------------------------ replays do nothing
+@pytest.mark.guarantee("5.6")
 def test_a_replayed_partition_does_no_commit_cycle_and_fires_no_steps(
     spark, broker, postgres_jdbc, tmp_path
 ):
@@ -222,6 +228,7 @@ def test_a_replayed_partition_does_no_commit_cycle_and_fires_no_steps(
 
 
 # ------------------------------------------------------------------ fresh database, many tasks
+@pytest.mark.guarantee("5.7")
 def test_the_first_batch_on_a_fresh_database_needs_no_retry(spark, broker, jdbc_url, tmp_path):
     """Eight partitions on a database with none of the sink's tables, the state table
     included: every task's first attempt succeeds (a DDL race would fail some, and
@@ -242,6 +249,7 @@ def test_the_first_batch_on_a_fresh_database_needs_no_retry(spark, broker, jdbc_
 
 
 # ------------------------------------------------------------------ cached writers
+@pytest.mark.guarantee("5.8")
 def test_a_cached_writer_that_lost_its_id_is_replaced(spark, broker, postgres_jdbc):
     """After batch 0 the workers keep their writers. Another writer takes partition 0's
     id over (as a retry on another executor would). Batch 1 notices before writing,
@@ -257,6 +265,7 @@ def test_a_cached_writer_that_lost_its_id_is_replaced(spark, broker, postgres_jd
     assert _sides(broker, topic, postgres_jdbc, table, 3) == (["a", "b", "c"],) * 2
 
 
+@pytest.mark.guarantee("5.9")
 def test_a_schema_qualified_table_with_spark_style_options(spark, broker, postgres_jdbc):
     """dbTable given as public.<name>, options in Spark's spelling and case."""
     topic = broker.create_topic()
@@ -278,6 +287,7 @@ def test_a_schema_qualified_table_with_spark_style_options(spark, broker, postgr
 
 
 @pytest.mark.parametrize("driver_settles", [True, False], ids=["fenced", "guard"])
+@pytest.mark.guarantee("5.4")
 def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(
     spark, broker, jdbc_url, tmp_path, monkeypatch, driver_settles
 ):
@@ -331,6 +341,7 @@ def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(
     assert _sides(broker, topic, jdbc_url, table, len(values)) == (sorted(values),) * 2
 
 
+@pytest.mark.guarantee("5.9")
 def test_binary_headers_reach_kafka(spark, broker, postgres_jdbc):
     """Spark hands binary header values over as bytearray; they are sent as bytes (a
     bytearray header would fail every batch with headers)."""

@@ -86,6 +86,7 @@ def _settled(state: str | None) -> bool:
     return parsed.completed or parsed.is_empty
 
 
+@pytest.mark.guarantee("5.5")
 def test_the_scan_reports_exactly_the_rows_that_do_not_parse_as_settled(jdbc_url: str) -> None:
     """Every case above, stored in a state table of each database and read back: the
     fast check never calls settled a row that parsing would not, it does prove the
@@ -129,6 +130,7 @@ def test_the_scan_reports_exactly_the_rows_that_do_not_parse_as_settled(jdbc_url
         engine.dispose()
 
 
+@pytest.mark.guarantee("5.5")
 def test_the_fast_check_agrees_with_parsing_on_mangled_states() -> None:
     """Random edits of written states (completed and not): whatever the fast check
     calls settled parses as settled, and it agrees with parsing on every one."""
@@ -227,6 +229,7 @@ def test_commits_tables_that_ignore_case_are_refused_naming_the_fix(mariadb_jdbc
         engine.dispose()
 
 
+@pytest.mark.guarantee("5.5")
 def test_the_ids_above_a_smaller_batch_are_named_once_per_shrink(jdbc_url: str) -> None:
     """``Ledger.beyond``: after a batch with 4 partitions, a batch with 2 names ids 2
     and 3 (a task killed before its database commit may have left them open), once; a

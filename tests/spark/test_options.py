@@ -57,11 +57,13 @@ def test_keywords_win_over_options():
      ("sessionInitStatement", "pooled"), ("driver", "follows from the URL"),
      ("kafka.transactional.id", "one id per partition")],
 )  # fmt: skip
+@pytest.mark.guarantee("5.9")
 def test_spark_jdbc_options_that_do_not_apply_are_refused_by_name(name: str, reason: str):
     with pytest.raises(ConfigurationError, match=f"option '{name}' is not supported.*{reason}"):
         _sink(**{name: "x"})
 
 
+@pytest.mark.guarantee("5.9")
 def test_a_refusal_points_to_an_option_that_exists():
     with pytest.raises(ConfigurationError, match="lockTimeout") as refused:
         _sink(queryTimeout="5")
@@ -72,6 +74,7 @@ def test_a_refusal_points_to_an_option_that_exists():
         _sink(lockTimeout="0")
 
 
+@pytest.mark.guarantee("5.9")
 def test_an_unknown_option_is_refused_with_the_known_ones():
     with pytest.raises(ConfigurationError, match=r"unknown option 'dbtabel'.*dbtable"):
         _sink(dbtabel="t2")
@@ -463,6 +466,7 @@ def _check_sink(case: _SinkCase) -> str:
 
 
 @given(sink_cases())
+@pytest.mark.guarantee("5.9")
 def test_any_options_give_settings_or_a_configuration_error(case: _SinkCase):
     """Fuzzed from valid options: the parser never fails any other way, refuses naming
     the option and the fix, and accepted options give the settings they say."""

@@ -36,6 +36,7 @@ def kafka() -> Iterator[tuple[ApacheKafka, Broker]]:
         yield server, Broker(server.bootstrap_servers, server.description)
 
 
+@pytest.mark.guarantee("5.11")
 def test_a_batch_whose_broker_stops_answering_is_written_once_when_it_answers_again(
     spark: Any, kafka: tuple[ApacheKafka, Broker], postgres_jdbc: str, tmp_path: Path
 ) -> None:

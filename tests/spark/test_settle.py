@@ -45,6 +45,7 @@ def _leave_prepared(
     task.close()  # the prepared transaction stays open
 
 
+@pytest.mark.guarantee("5.5")
 def test_unfinished_ids_are_settled_together_and_one_that_fails_stops_the_batch(
     spark, broker, jdbc_url
 ):
@@ -109,6 +110,7 @@ def _state(sink: Any) -> Table:
     )  # fmt: skip
 
 
+@pytest.mark.guarantee("5.5")
 def test_a_failure_that_is_not_about_one_id_stops_further_settles(broker, postgres_jdbc):
     """settle_unfinished one at a time over three unfinished ids, the first one's state
     row locked by another session (its lock wait runs out: a failure that every other

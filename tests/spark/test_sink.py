@@ -60,6 +60,7 @@ def _assert_exactly_once(broker, topic: str, jdbc: str, table: str, expected: li
 
 
 @pytest.mark.parametrize("db", ["postgresql", "sqlite", "sqlite-relative-path"])
+@pytest.mark.guarantee("5.1")
 def test_batch_write_and_replay(spark, broker, db, postgres_jdbc, tmp_path, monkeypatch):
     jdbc = postgres_jdbc if db == "postgresql" else f"jdbc:sqlite:{tmp_path}/sink.db"
     if db == "sqlite-relative-path":
@@ -113,6 +114,7 @@ def _input_files(folder: Path, files: int, rows: int) -> list[str]:
     ],
     ids=["FailFirstAttempt", "FailInBatchOne"],
 )
+@pytest.mark.guarantee("5.1")
 def test_task_retries_are_exactly_once(
     spark, broker, postgres_jdbc, tmp_path, fault_dir, hook, injected
 ):
@@ -138,6 +140,7 @@ def test_task_retries_are_exactly_once(
 
 
 @pytest.mark.timeout(900)  # two runs of the query, each bounded by 300 s
+@pytest.mark.guarantee("5.1")
 def test_query_killed_mid_batch_and_restarted_from_checkpoint(
     broker, postgres_jdbc, tmp_path, fault_dir
 ):
@@ -165,6 +168,7 @@ def test_query_killed_mid_batch_and_restarted_from_checkpoint(
     _assert_exactly_once(broker, topic, postgres_jdbc, table, values)
 
 
+@pytest.mark.guarantee("5.2")
 def test_schema_errors_come_before_any_write(spark, broker, postgres_jdbc):
     sink, _, table = _sink(broker, postgres_jdbc)
     no_value = spark.createDataFrame([("a",)], "key string")

@@ -64,6 +64,7 @@ def _events(folder: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(900)  # a standalone cluster's start, then a run bounded by 300 s
+@pytest.mark.guarantee("5.10")
 def test_sink_with_speculation_and_a_task_killed_after_its_database_commit(
     broker, postgres_jdbc, tmp_path
 ):

@@ -110,6 +110,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("observed", "verdict", "row"), CASES)
+@pytest.mark.guarantee("3.3")
 def test_every_row_of_the_table(observed: TransactionDescription, verdict: Verdict, row: int):
     decision = decide(STORED, observed)
     assert (decision.verdict, decision.row) == (verdict, row), decision.reason
@@ -137,6 +138,7 @@ def _table_lines(text: str) -> dict[int, str]:
     [recovery.__doc__ or "", (ROOT / "docs" / "guide" / "two-phase-commit.md").read_text()],
     ids=["recovery.py docstring", "docs/guide/two-phase-commit.md"],
 )
+@pytest.mark.guarantee("3.3")
 def test_the_documented_tables_match_the_rules(text: str):
     assert _table_lines(text) == {rule.row: rule.verdict.name for rule in RULES}
 
@@ -224,6 +226,7 @@ def _same_transaction(stored: PreparedTxnState, described: TransactionDescriptio
     )
 
 
+@pytest.mark.guarantee("3.3")
 def test_commit_only_for_the_stored_transaction_still_open():
     def check(stored: PreparedTxnState, described: TransactionDescription) -> None:
         if decide(stored, described).verdict is Verdict.COMMIT:
@@ -233,6 +236,7 @@ def test_commit_only_for_the_stored_transaction_still_open():
     _everywhere(check)
 
 
+@pytest.mark.guarantee("3.3")
 def test_diverged_only_when_kafka_shows_the_stored_transaction_aborted():
     """DIVERGED advises re-sending: only where nothing of it can be visible: the stored
     transaction in an abort state, or still Ongoing under an epoch the coordinator
@@ -247,6 +251,7 @@ def test_diverged_only_when_kafka_shows_the_stored_transaction_aborted():
     _everywhere(check)
 
 
+@pytest.mark.guarantee("3.3")
 def test_already_committed_never_when_the_stored_transaction_shows_aborted():
     def check(stored: PreparedTxnState, described: TransactionDescription) -> None:
         if decide(stored, described).verdict is Verdict.ALREADY_COMMITTED:
@@ -257,6 +262,7 @@ def test_already_committed_never_when_the_stored_transaction_shows_aborted():
     _everywhere(check)
 
 
+@pytest.mark.guarantee("3.4")
 def test_an_unknown_id_is_always_unknowable():
     def check(stored: PreparedTxnState, described: TransactionDescription) -> None:
         if not described.found or described.producer_id != stored.producer_id:
@@ -284,6 +290,7 @@ def test_an_unknown_id_is_always_unknowable():
         (NOT_FOUND, False),
     ],
 )
+@pytest.mark.guarantee("3.5")
 def test_a_commit_is_confirmed_only_by_the_stored_transaction_committed(after, confirmed):
     assert commit_confirmed(STORED, after) is confirmed
 

@@ -35,6 +35,7 @@ TWO_PC = {"transaction.two.phase.commit.enable": True}
 
 # ---------------------------------------------------------------- scenario 2: sends vs prepare
 @pytest.mark.broker
+@pytest.mark.guarantee("2.1")
 def test_sends_from_other_threads_during_prepare_are_refused_or_covered(broker, producer_config):
     """Four threads send as fast as they can while the main thread prepares. Every send
     either returned normally (then its record is in the prepared transaction) or raised
@@ -82,6 +83,7 @@ def test_sends_from_other_threads_during_prepare_are_refused_or_covered(broker, 
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("2.1")
 def test_send_during_prepare_raises_illegal_state(broker, producer_config):
     """A send that comes in while prepare is under way (here: from a delivery callback
     served by prepare's own flush) is refused with IllegalStateError."""
@@ -120,6 +122,7 @@ def _foreign(state: PreparedTxnState, kind: str) -> PreparedTxnState:
 @pytest.mark.parametrize(
     "kind", ["another transactional id", "another cluster", "java pid:epoch form"]
 )
+@pytest.mark.guarantee("2.5")
 def test_a_state_that_is_no_decision_about_this_transaction_is_refused_not_taken_as_abort(
     broker, producer_config, kind
 ):
@@ -145,6 +148,7 @@ def test_a_state_that_is_no_decision_about_this_transaction_is_refused_not_taken
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("2.4")
 def test_the_state_of_an_earlier_transaction_aborts_and_the_prepared_one_commits(
     broker, producer_config
 ):
@@ -218,6 +222,7 @@ _FATAL = [
 
 @pytest.mark.mock
 @pytest.mark.parametrize("code", _RETRIED + _PERMANENT + _FATAL, ids=lambda c: KafkaError(c).name())
+@pytest.mark.guarantee("2.3")
 def test_end_txn_error_after_prepare_is_in_doubt_and_never_aborted(mock_cluster, mock_config, code):
     """Once prepared, a commit failure is TransactionInDoubtError, never a
     CommitFailedException; abort is refused; the producer is never 'abortable'."""
@@ -259,6 +264,7 @@ def _resume(broker: LocalBroker) -> None:
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("2.3")
 def test_commit_that_fails_after_the_decision_is_recovered_not_aborted():
     """The schedule of scenario 3 on a real broker: prepare, the database commits, the
     broker stops answering while Kafka commits (the call fails after the decision), the
@@ -307,6 +313,7 @@ def test_commit_that_fails_after_the_decision_is_recovered_not_aborted():
 
 # ---------------------------------------------------------------- scenario 5: prepare fails
 @pytest.mark.mock
+@pytest.mark.guarantee("2.2")
 def test_prepare_failing_in_the_coordinator_call_leaves_the_transaction_abortable(
     mock_cluster, mock_config
 ):
@@ -341,6 +348,7 @@ def test_prepare_failing_in_the_coordinator_call_leaves_the_transaction_abortabl
     ],
     ids=lambda c: KafkaError(c).name() if isinstance(c, int) and not isinstance(c, bool) else "",
 )
+@pytest.mark.guarantee("2.2")
 def test_prepare_refused_by_the_coordinator_never_leaves_it_committable(
     mock_cluster, mock_config, code, fatal
 ):

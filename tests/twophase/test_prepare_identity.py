@@ -103,6 +103,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("answer", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.guarantee("2.8")
 def test_the_candidate_is_confirmed_only_by_its_own_open_transaction(
     answer: TransactionDescription, expected: bool
 ) -> None:
@@ -131,6 +132,7 @@ LATER = [
 @pytest.mark.parametrize(
     ("payload", "identity", "disagrees"), [c[1:] for c in LATER], ids=[c[0] for c in LATER]
 )
+@pytest.mark.guarantee("2.8")
 def test_the_next_snapshot_checks_a_confirmed_candidate(
     payload: str, identity: tuple[int, int], disagrees: bool
 ) -> None:
@@ -224,6 +226,7 @@ TWO_PC = {"transaction.two.phase.commit.enable": True, "statistics.interval.ms":
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("2.8")
 def test_a_two_phase_producer_prepares_after_an_abort_without_waiting_for_statistics(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -266,6 +269,7 @@ def test_a_two_phase_producer_prepares_after_an_abort_without_waiting_for_statis
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("2.8")
 def test_an_abort_that_bumps_the_epoch_falls_back_to_the_statistics(
     broker: Broker, topic: str, producer_config: dict[str, Any]
 ) -> None:
@@ -353,6 +357,7 @@ def dual_writer(
 
 
 @pytest.mark.broker
+@pytest.mark.guarantee("2.8")
 def test_a_dual_writer_commits_after_a_failed_transaction_without_waiting_for_statistics(
     broker: Broker, topic: str, dual_writer: tuple[DualWriter, Table, _Probe]
 ) -> None:
@@ -401,6 +406,7 @@ def _holding(state: str, pid: int, epoch: int) -> TransactionDescription:
         (_holding("Ongoing", 7, 2), FatalError, "went back"),
     ],
 )
+@pytest.mark.guarantee("2.8")
 def test_prepare_names_why_the_coordinator_does_not_show_this_producer(
     seen: TransactionDescription, error: type[FatalError], says: str
 ) -> None:

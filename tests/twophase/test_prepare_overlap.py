@@ -73,6 +73,7 @@ def _hold_back(ms: float) -> Any:
     return hold
 
 
+@pytest.mark.guarantee("2.6")
 def test_an_answer_that_overtook_the_partition_registration_is_asked_again(
     broker: Broker, topic: str, producer: TransactionalProducer, producer_config: dict[str, Any],
     proxy: KafkaProxy,
@@ -98,6 +99,7 @@ def test_an_answer_that_overtook_the_partition_registration_is_asked_again(
     assert values == [b"first", b"second", b"warm-1"]
 
 
+@pytest.mark.guarantee("2.6")
 def test_an_answer_read_during_the_flush_that_is_an_error_is_asked_again(
     broker: Broker, topic: str, producer: TransactionalProducer, producer_config: dict[str, Any],
     proxy: KafkaProxy,
@@ -128,6 +130,7 @@ def test_an_answer_read_during_the_flush_that_is_an_error_is_asked_again(
     assert values == [b"first", b"second", b"warm-1"]
 
 
+@pytest.mark.guarantee("2.6")
 def test_a_prepare_that_fails_with_an_answer_in_flight_leaves_the_next_one_working(
     broker: Broker, topic: str, producer: TransactionalProducer, proxy: KafkaProxy
 ) -> None:

@@ -28,6 +28,7 @@ def producer(producer_config):
     p.close()
 
 
+@pytest.mark.guarantee("2.4")
 def test_prepare_then_complete_commits(broker, topic, producer, producer_config):
     producer.begin_transaction()
     producer.produce(topic, b"one")
@@ -42,6 +43,7 @@ def test_prepare_then_complete_commits(broker, topic, producer, producer_config)
     assert broker.read_committed(topic, expected=1) == [(None, b"one")]
 
 
+@pytest.mark.guarantee("2.4")
 def test_complete_with_another_state_aborts(broker, topic, producer):
     producer.begin_transaction()
     producer.produce(topic, b"dropped")
@@ -54,6 +56,7 @@ def test_complete_with_another_state_aborts(broker, topic, producer):
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.guarantee("2.4", "2.7")
 def test_consecutive_transactions_get_distinct_states(topic, producer):
     """librdkafka keeps pid/epoch across transactions; the start time tells them apart."""
     states = []
@@ -72,6 +75,7 @@ def test_empty_transaction_prepares_to_the_empty_state(producer):
     assert producer.complete_transaction(PreparedTxnState.EMPTY) is TransactionOutcome.COMMITTED
 
 
+@pytest.mark.guarantee("1.6")
 def test_prepared_state_allows_only_completion(topic, producer):
     producer.begin_transaction()
     producer.produce(topic, b"x")
@@ -87,6 +91,7 @@ def test_prepared_state_allows_only_completion(topic, producer):
     producer.complete_transaction(state)
 
 
+@pytest.mark.guarantee("2.2")
 def test_prepare_refuses_when_too_little_timeout_is_left(broker, topic, producer_config):
     conf = {**producer_config, "transaction.two.phase.commit.enable": True,
             "transaction.timeout.ms": 10_000}  # fmt: skip
@@ -127,6 +132,7 @@ def test_two_phase_calls_need_the_setting(producer_config, topic):
             p.prepare_transaction()
 
 
+@pytest.mark.guarantee("1.6")
 def test_recovering_state_allows_only_settling(broker, topic, producer_config):
     conf = {**producer_config, "transaction.two.phase.commit.enable": True}
     with TransactionalProducer(conf) as first:
@@ -150,6 +156,7 @@ def test_recovering_state_allows_only_settling(broker, topic, producer_config):
     ]
 
 
+@pytest.mark.guarantee("2.7")
 def test_no_record_goes_before_the_start_time_spacing_wait_ends(broker, topic, producer):
     """begin_transaction() waits out the start-time spacing after librdkafka's own begin
     (the wait covers that handoff). Until the wait ends, produce() and send()
@@ -185,6 +192,7 @@ def test_no_record_goes_before_the_start_time_spacing_wait_ends(broker, topic, p
     assert sorted(broker.read_committed(topic, expected=2)) == [(None, b"first"), (None, b"second")]
 
 
+@pytest.mark.guarantee("2.7")
 def test_an_interrupted_spacing_wait_leaves_the_producer_ready(
     broker, topic, producer, monkeypatch
 ):

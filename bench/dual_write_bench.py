@@ -154,7 +154,7 @@ def _naive(broker: Broker, net: Network, count: int, rows: int, writers: int) ->
                 # Delivered first, so that librdkafka's EndTxn(abort) cannot overtake the
                 # AddPartitionsToTxn the coordinator refuses while the previous commit's
                 # markers are written: librdkafka makes the INVALID_TXN_STATE it then gets
-                # fatal (what TransactionalProducer's abort waits for, _completion.py).
+                # fatal (what TransactionalProducer's abort waits for, producer/completion.py).
                 producer.flush()
                 producer.abort_transaction()
                 continue

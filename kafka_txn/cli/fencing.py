@@ -1,6 +1,7 @@
 """Before ``kafka-txn recover`` or ``force-terminate`` fences a transactional id: may a
-writer still be live (then the operator is asked first), and, once asked, did anything
-change while the question was open (then the answer was about something else: refused).
+writer still be live (then the operator is asked first: ``confirm_fencing``), and, once
+asked, did anything change while the question was open (then the answer was about
+something else: refused, ``refuse_if_changed``).
 
 A writer may be live when (``reasons_to_ask``):
 
@@ -29,12 +30,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kafka_txn.cli.database import StoredRow
+from kafka_txn.cli.exits import EXIT_REFUSED, CommandError
+from kafka_txn.cli.terminal import NotConfirmedError, ask
 from kafka_txn.coordinator.client import TransactionDescription
 
 if TYPE_CHECKING:  # SQLAlchemy is an extra: dualwrite is imported by recover only
     from sqlalchemy.engine import Connection
 
-    from kafka_txn.dualwrite.writer import DualWriter, _Row
+    from kafka_txn.dualwrite.state_row import _Row
+    from kafka_txn.dualwrite.writer import DualWriter
 
 __all__ = [
     "OPEN_STATES",
@@ -42,10 +46,12 @@ __all__ = [
     "OwnerProcess",
     "RowChangedError",
     "changes_since",
+    "confirm_fencing",
     "guard_row",
     "owner_note",
     "owner_process",
     "reasons_to_ask",
+    "refuse_if_changed",
     "window_s",
 ]
 
@@ -256,3 +262,54 @@ def guard_row(writer: DualWriter, expected: StoredRow) -> None:
         return found
 
     setattr(row, "lock", checked_lock)  # noqa: B010 - an instance attribute over the method
+
+
+def confirm_fencing(
+    command: str, transactional_id: str, seen: TransactionDescription, row: StoredRow | None,
+    yes: bool,
+) -> bool:  # fmt: skip
+    """Ask before fencing an id a live writer may hold (``reasons_to_ask``); True if a
+    question was asked (the wait for the answer does not count against --timeout, and
+    the caller must then look again: ``refuse_if_changed``). Raises
+    CommandError(EXIT_REFUSED) when not confirmed."""
+    reasons = reasons_to_ask(seen, row)
+    if not reasons or yes:
+        return False
+    owner = owner_process(row.owner if row is not None else None)
+    who = (
+        # The state row's owner is gone, yet the id was used recently (the reasons).
+        "so it is not that process, but another writer (on another host, or one that "
+        "took the id over since) may be using it"
+        if owner is not None and owner.running is False
+        else "a writer may still be using it"
+    )
+    situation = (
+        f"transactional id {transactional_id!r} {'; and it '.join(reasons)}"
+        f"{owner_note(row)}: {who}, and {command} would fence it"
+    )
+    try:
+        ask(f"kafka-txn: {situation}.\nProceed with {command}?")
+    except NotConfirmedError as exc:
+        raise CommandError(
+            EXIT_REFUSED,
+            f"{situation}. {exc}; nothing was done. Stop that writer first, or run again "
+            "with --yes if it is gone",
+        ) from None
+    return True
+
+
+def refuse_if_changed(
+    command: str, transactional_id: str, seen: TransactionDescription, row: StoredRow | None,
+    seen_now: TransactionDescription, row_now: StoredRow | None,
+) -> None:  # fmt: skip
+    """After the operator's "yes": refuse (exit 3, nothing done) if the coordinator's view
+    or (recover) the state row changed while the question was open: the answer was about
+    a writer that may not be the one holding the id now."""
+    changed = changes_since(seen, row, seen_now, row_now, with_row=command == "recover")
+    if changed:
+        raise CommandError(
+            EXIT_REFUSED,
+            f"transactional id {transactional_id!r} changed while you were asked: "
+            f"{'; '.join(changed)}. Your answer was about what was there before, so "
+            f"nothing was done: run {command} again to see who holds it now",
+        )

@@ -2,6 +2,6 @@
 recovery need requests librdkafka does not expose)."""
 
 from kafka_txn.coordinator.client import CoordinatorClient, CoordinatorError, TransactionDescription
-from kafka_txn.coordinator.connection import ConnectionSettings
+from kafka_txn.coordinator.settings import ConnectionSettings
 
 __all__ = ["ConnectionSettings", "CoordinatorClient", "CoordinatorError", "TransactionDescription"]

@@ -29,12 +29,10 @@ import tenacity
 from confluent_kafka import KafkaError
 
 from kafka_txn.coordinator.codec import encode
-from kafka_txn.coordinator.connection import (
+from kafka_txn.coordinator.connection import BrokerConnection, Exchange
+from kafka_txn.coordinator.errors import (
     AuthenticationError,
-    BrokerConnection,
-    ConnectionSettings,
     DeadlineExceededError,
-    Exchange,
     NotKafkaError,
     ProtocolError,
     TlsDroppedError,
@@ -45,6 +43,7 @@ from kafka_txn.coordinator.messages import (
     FIND_COORDINATOR,
     INIT_PRODUCER_ID,
 )
+from kafka_txn.coordinator.settings import ConnectionSettings
 from kafka_txn.errors import UnsupportedBrokerError
 
 __all__ = ["CoordinatorClient", "CoordinatorError", "DescribeAhead", "TransactionDescription"]

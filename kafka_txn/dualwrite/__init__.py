@@ -16,20 +16,15 @@ except ImportError as exc:
     raise missing_extra("kafka_txn.dualwrite", "sql", exc) from exc
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time, __getattr__ below
-    from kafka_txn.dualwrite.writer import (
-        STEPS,
-        DualWriter,
-        DualWriteTransaction,
-        engine_for,
-        validate_identifier,
-    )
+    from kafka_txn.dualwrite.engine import engine_for, validate_identifier
+    from kafka_txn.dualwrite.writer import STEPS, DualWriter, DualWriteTransaction
 
 _EXPORTS = {
     "STEPS": "kafka_txn.dualwrite.writer",
     "DualWriteTransaction": "kafka_txn.dualwrite.writer",
     "DualWriter": "kafka_txn.dualwrite.writer",
-    "engine_for": "kafka_txn.dualwrite.writer",
-    "validate_identifier": "kafka_txn.dualwrite.writer",
+    "engine_for": "kafka_txn.dualwrite.engine",
+    "validate_identifier": "kafka_txn.dualwrite.engine",
 }
 
 __all__ = ["STEPS", "DualWriteTransaction", "DualWriter", "engine_for", "validate_identifier"]

@@ -1,26 +1,26 @@
-"""The bodies of ``TransactionalProducer``'s calls that finish a transaction or start the
-producer over: ``commit``, ``abort`` and librdkafka's ``init_transactions()`` (which recovery
-and the settlement of a kept transaction end with), and the count of ``produce()``/
-``send()`` calls under way that commit, abort and prepare wait for.
+"""The bodies of ``TransactionalProducer``'s transactional calls: ``begin`` (undone when a
+signal interrupts it), ``commit``, ``abort``, ``complete`` (KIP-939's second phase of a
+prepared transaction: commit or abort), and librdkafka's ``init_transactions()`` (which
+recovery and the settlement of a kept transaction end with).
 
 The public calls take the producer's lock, run a body here, and only then raise a user
-callback's exception stashed meanwhile (``TransactionalProducer._raise_callback_error``);
-``complete_transaction()`` and ``close()`` run the same bodies.
+callback's exception stashed meanwhile (``Completion.raise_callback_error``);
+``complete_transaction()`` and ``close()`` run the same bodies. Commit, abort and prepare
+first wait for the sends under way (``producer.sending``).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable
-from types import FrameType
 
 from confluent_kafka import KafkaError, KafkaException
 
 from kafka_txn.errors import (
     CommitFailedException,
     FatalError,
+    IllegalStateError,
     TransactionAbortableError,
     TransactionOutcomeUnknownError,
     root_exception,
@@ -28,31 +28,20 @@ from kafka_txn.errors import (
 from kafka_txn.metrics import MetricsHook, timed
 from kafka_txn.producer.delivery import Deliveries
 from kafka_txn.producer.librdkafka import _RETRY_FLOOR_S, Driver
-from kafka_txn.producer.lifecycle import Lifecycle, State
-from kafka_txn.twophase.prepare import TwoPhase, prepare_failed
+from kafka_txn.producer.lifecycle import ALLOWED, Lifecycle, State
+from kafka_txn.producer.sending import Sends
+from kafka_txn.state import PreparedTxnState
+from kafka_txn.twophase.failures import prepare_failed
+from kafka_txn.twophase.prepare import TwoPhase
+from kafka_txn.twophase.recovery import TransactionOutcome
 
-__all__ = ["ABORT_AFTER_FATAL", "Completion", "may_abort_after_fatal"]
+__all__ = ["Completion"]
 
 log = logging.getLogger("kafka_txn.producer")
 
-ABORT_AFTER_FATAL = frozenset(
-    {State.IN_TRANSACTION, State.ABORTABLE, State.ABORTING, State.PREPARING}
-)
-"""States in which a fatal error leaves a transaction that close() may abort: open, and
-never sent to commit (COMMITTING: the coordinator may have committed it, unless
-librdkafka itself calls the error abortable: ``may_abort_after_fatal``) nor prepared
-(PREPARED, IN_DOUBT: a decider may commit it; a prepare that failed, PREPARING, handed
-no state to any decider)."""
-
-
-def may_abort_after_fatal(state: State | None, fatal: KafkaError | None) -> bool:
-    """Whether close() may abort the transaction a fatal error left in ``state``:
-    ``ABORT_AFTER_FATAL``, or COMMITTING when librdkafka reported the error as abortable
-    (``txn_requires_abort``: its commit failed before the coordinator committed, e.g. a
-    topic not authorized found by the commit's flush; KIP-691 calls that fatal)."""
-    if state in ABORT_AFTER_FATAL:
-        return True
-    return state is State.COMMITTING and fatal is not None and fatal.txn_requires_abort()
+_UNDO_ATTEMPTS = 5
+"""Times an interrupted begin_transaction() tries to abort librdkafka's empty transaction
+while further interruptions keep arriving."""
 
 
 def _done_unless_ready(call: Callable[[float], object]) -> Callable[[float], object]:
@@ -103,16 +92,6 @@ def _end_txn_may_have_committed(exc: CommitFailedException) -> bool:
     return err.str().startswith(_END_TXN_FAILED) and err.code() not in _END_TXN_NOT_APPLIED
 
 
-_SEND_NAMES = frozenset({"produce", "send"})
-"""TransactionalProducer's send methods, whose frames hold ``under_way`` as a local."""
-
-_PADDING = 8
-"""Entries ``Completion.under_way`` holds when no send is under way. CPython shrinks a
-list's storage when it falls below half its capacity, so an empty list would free and
-reallocate its storage on every append/pop pair (~40 ns); eight entries keep one
-capacity for up to eight sends under way at once."""
-
-
 def _sends_under_way(budget: float) -> TransactionAbortableError:
     return TransactionAbortableError(
         f"a produce()/send() in another thread did not return within {budget:g}s, so "
@@ -121,7 +100,7 @@ def _sends_under_way(budget: float) -> TransactionAbortableError:
 
 
 class Completion:
-    """Init, commit and abort of one TransactionalProducer, and its sends under way."""
+    """Begin, init, commit, abort and completion of one TransactionalProducer."""
 
     def __init__(
         self,
@@ -129,6 +108,7 @@ class Completion:
         life: Lifecycle,
         deliveries: Deliveries,
         io: Driver,
+        sends: Sends,
         twophase: TwoPhase | None,
         operation_timeout: float,
         metrics: MetricsHook | None,
@@ -136,22 +116,110 @@ class Completion:
         self._life = life
         self._deliveries = deliveries
         self._io = io
+        self._sends = sends
         self._twophase = twophase
         self._operation_timeout = operation_timeout
         self._metrics = metrics
-        # produce()/send() calls under way, for prepare, commit and abort to wait for (see
-        # await_sends): each send appends an entry before its state check and pops one
-        # when it returns. list.append, list.pop and len() are single C calls, atomic
-        # under the GIL; one list costs less per record than a lock or two counters.
-        # The producer appends and pops itself.
-        self.under_way: list[None] = [None] * _PADDING
         self.init_started = False
         """librdkafka's init_transactions() was called: until it succeeds (the lifecycle
         leaves NEW/RECOVERING), it may still be under way inside librdkafka."""
 
+    def raise_callback_error(self, done: str) -> None:
+        """Raise a user callback's exception served by a transactional call that
+        succeeded, now that the lifecycle shows that success; the note says what the call
+        did, so that nobody takes the exception for a failed commit or abort."""
+        self._deliveries.raise_callback_error(
+            f"kafka-txn: this exception was raised by your callback; {done} (the "
+            f"producer is now '{self._life.state.value}'): do not retry or undo it"
+        )
+
+    def begin(self) -> None:
+        """The body of begin_transaction(), once the lifecycle allowed it."""
+        if self._life.state is State.ABORTING:
+            self._finish_abort()
+        self._io.drain()
+        self._deliveries.reset()
+        try:
+            self._io.producer.begin_transaction()
+            if self._twophase is not None:
+                # The start-time spacing wait comes after librdkafka's begin, which
+                # sends nothing (it hands a state change to librdkafka's main thread
+                # and waits for it), so that the wait covers that handoff; no record
+                # can go before the wait ends: produce(), send() and
+                # send_offsets_to_transaction() are refused until the state changes.
+                self._twophase.begin()
+        except KafkaException as exc:
+            raise self._io.on_call_error(exc, "begin_transaction") from exc
+        except BaseException as exc:
+            interrupted = exc
+        else:
+            if not self._life.finish(State.IN_TRANSACTION):
+                # close() let go of the handle (or its confluent-kafka close()
+                # aborted librdkafka's empty transaction): nothing can be sent.
+                raise self._life.closed_while("begin_transaction", "no transaction is open")
+            return
+        # A signal's exception (KeyboardInterrupt...) right after librdkafka's begin
+        # returned, or during the wait: librdkafka may be in a transaction that ours
+        # never entered. Undone after the except block: its abort is a librdkafka call
+        # (see TransactionalProducer.transaction()).
+        self._undo_begin()
+        raise interrupted
+
+    def _finish_abort(self) -> None:
+        """begin_transaction() after an abort that ran out of time: resume it first."""
+        log.info(
+            "begin_transaction(): resuming the unfinished abort of %r's previous transaction",
+            self._io.transactional_id,
+        )
+        try:
+            self.abort(None)
+        except TransactionOutcomeUnknownError as exc:
+            raise TransactionOutcomeUnknownError(
+                f"begin_transaction(): the abort of the previous transaction of "
+                f"{self._io.transactional_id!r} has not completed ({exc.message}), so nothing "
+                "was begun. Nothing of that transaction is visible to read_committed "
+                "consumers. Call begin_transaction() again once the broker answers: it "
+                "resumes the abort first",
+                kafka_error=exc.kafka_error,
+                operation="abort_transaction",
+            ) from root_exception(exc)
+        self.raise_callback_error("begin_transaction() finished the previous abort")
+
+    def _undo_begin(self) -> None:
+        """begin_transaction() was interrupted: end the transaction librdkafka may have
+        begun. It holds nothing (no record could be sent, so no partition was
+        registered), so librdkafka's abort sends nothing either; one it had not begun
+        is refused as such (_STATE) and left alone. Another interruption meanwhile does
+        not stop the undo (the first one is what begin_transaction() raises)."""
+        failure: str | None = "interrupted again and again"
+        err = KafkaError(KafkaError._STATE)
+        for _ in range(_UNDO_ATTEMPTS):
+            try:
+                if self._twophase is not None:
+                    self._twophase.identity.invalidate()  # read the id/epoch again, to be safe
+                self._io.producer.abort_transaction(self._io.operation_timeout)
+            except KafkaException as exc:
+                err = exc.args[0]
+                failure = None if err.code() == KafkaError._STATE else err.str()
+            except BaseException:  # another interruption: finish the undo first
+                continue
+            else:
+                failure = None
+            break
+        if failure is not None and self._life.fatal is None:
+            # librdkafka may hold a transaction we cannot end.
+            self._life.enter_fatal(
+                FatalError(
+                    "begin_transaction() was interrupted, and the empty transaction "
+                    f"librdkafka had begun could not be aborted ({failure}): close this "
+                    "producer",
+                    kafka_error=err,
+                )
+            )
+
     def init(self, timeout: float | None) -> None:
         """librdkafka's init_transactions(); a callback's exception stays stashed for the
-        public call to raise once done (``_raise_callback_error``)."""
+        public call to raise once done (``raise_callback_error``)."""
         init: Callable[[float], object] = self._io.producer.init_transactions
         if self.init_started:  # resumed
             init = _done_unless_ready(init)
@@ -165,7 +233,7 @@ class Completion:
             self._io.drain(defer_callback_errors=True)  # statistics queued before init are stale
             self._twophase.identity.invalidate()
             self._twophase.prepared = None
-            self._twophase.recovered = None
+            self._twophase.recovery.recovered = None
 
     def commit(self, timeout: float | None) -> None:
         """The body of commit_transaction(); a callback's exception stays stashed."""
@@ -187,13 +255,14 @@ class Completion:
                 commit = _done_unless_ready(commit)
                 # librdkafka takes a resumed commit up again; given too short a time, its
                 # EndTxn reply may arrive after it gave the call up, and it aborts the
-                # process (see _librdkafka._RETRY_FLOOR_S): never less than a retry gets.
+                # process (see producer.librdkafka._RETRY_FLOOR_S): never less than a
+                # retry gets.
                 first_floor = _RETRY_FLOOR_S
             # Sends are refused from here on; those under way are waited for, so that a
             # record failing in one of them (a serializer) is seen before committing.
             self._life.transition_to(State.COMMITTING)
             budget = self._operation_timeout if timeout is None else timeout
-            if not self.await_sends(time.monotonic() + budget):
+            if not self._sends.await_sends(time.monotonic() + budget):
                 raise self._io.commit_failed(_sends_under_way(budget))
             first_failure = self._deliveries.first_failure
             if first_failure is not None:  # a record already failed: cannot commit
@@ -253,7 +322,7 @@ class Completion:
             # A send under way would otherwise reach librdkafka after the abort, outside
             # any transaction or inside the next one.
             budget = self._operation_timeout if timeout is None else timeout
-            if not self.await_sends(time.monotonic() + budget):
+            if not self._sends.await_sends(time.monotonic() + budget):
                 raise TransactionOutcomeUnknownError(
                     f"abort_transaction(): a produce()/send() in another thread did not "
                     f"return within {budget:g}s, so nothing was aborted yet: call "
@@ -276,6 +345,28 @@ class Completion:
                 # The abort may have bumped the epoch: the identity from before it is a
                 # candidate that the next prepare's DescribeTransactions must confirm.
                 self._twophase.identity.after_abort()
+
+    def complete(
+        self, twophase: TwoPhase, state: PreparedTxnState, current: State, timeout: float | None
+    ) -> TransactionOutcome:
+        """The body of complete_transaction() outside recovery, in the state ``current``:
+        commit if ``state`` is the prepared transaction's, else abort; a callback's
+        exception stays stashed."""
+        if current is State.ABORTING:  # an abort that ran out of time: resume it
+            self._life.require("complete_transaction")  # names abort_transaction()
+        if current not in ALLOWED["complete_transaction"]:
+            self._life.raise_if_dead("complete_transaction")
+            raise IllegalStateError(
+                f"complete_transaction() with no prepared transaction (state "
+                f"'{current.value}'): call prepare_transaction() first, or "
+                "init_transactions(keep_prepared_txn=True) to recover",
+                kafka_error=KafkaError(KafkaError.INVALID_TXN_STATE),
+            )
+        if twophase.decides_commit(state):  # a foreign state raises here
+            self.commit(timeout)
+            return TransactionOutcome.COMMITTED
+        self.abort(timeout)  # refused when in doubt
+        return TransactionOutcome.ABORTED
 
     def _await_registration(self, deadline: float) -> None:
         """Before librdkafka's abort of a transaction that has not failed: let the records
@@ -306,77 +397,14 @@ class Completion:
             wait = min(0.05, max(0.0, deadline - time.monotonic()))
             self._io.call("flush", producer.flush, wait, defer_callback_errors=True)
 
-    def abort_after_fatal(self, timeout: float | None) -> bool:
-        """close() of a producer that a fatal error hit while its transaction was open
-        and may be aborted (``may_abort_after_fatal``), or that a signal handler closes
-        while prepare flushes: librdkafka's abort_transaction(), bounded by ``timeout``.
-        The library calls some errors fatal that librdkafka only calls abortable
-        (KIP-691: the group refusing the offsets, ILLEGAL_GENERATION or
-        UNKNOWN_MEMBER_ID; authorization), and then librdkafka can still abort: at once,
-        rather than the coordinator after transaction.timeout.ms, which until then holds
-        read_committed readers back at that transaction. Where librdkafka is fatal too
-        (fenced), it refuses at once. True if it aborted."""
-        try:
-            self._io.retrying(
-                "abort_transaction", self._io.producer.abort_transaction, timeout,
-                defer_callback_errors=True,
-            )  # fmt: skip
-        except KafkaException as exc:
-            log.info(
-                "close(): the open transaction of %r was not aborted (%s): the coordinator "
-                "aborts it after transaction.timeout.ms, or the id's next "
-                "init_transactions() at once", self._io.transactional_id, exc,
-            )  # fmt: skip
-            return False
-        self._deliveries.reset()
-        return True
-
     def _settle_kept_transaction(self, commit: bool, timeout: float | None) -> None:
         """commit_transaction()/abort_transaction() right after
         init_transactions(keep_prepared_txn=True): commit whatever is open (KIP-939
         leaves that choice to the caller), or abort it; then initialise."""
         assert self._twophase is not None
-        self._twophase.settle_kept(commit)
+        self._twophase.recovery.settle_kept(commit)
         self.init(timeout)  # aborts whatever is still open
 
     def await_sends_to_prepare(self, deadline: float) -> None:
-        if not self.await_sends(deadline):
+        if not self._sends.await_sends(deadline):
             raise prepare_failed("a produce()/send() in another thread did not return")
-
-    def _own_sends(self) -> int:
-        """produce()/send() calls of this producer under way on the calling thread
-        itself: a signal handler (SIGTERM calling close()) runs on the main thread
-        between two bytecodes, also inside a send whose librdkafka produce() returned.
-        Those sends cannot return while this thread waits, so they are not waited for:
-        their record is queued already, and the abort (or commit) covers it. Found by
-        walking this thread's frames (no cost per record)."""
-        own = 0
-        frame: FrameType | None = sys._getframe(1)
-        while frame is not None:
-            if (
-                frame.f_code.co_name in _SEND_NAMES
-                and frame.f_locals.get("under_way") is self.under_way
-            ):
-                own += 1
-            frame = frame.f_back
-        return own
-
-    def await_sends(self, deadline: float) -> bool:
-        """Wait until no produce()/send() is under way; False if one still is at
-        ``deadline``. The state is no longer IN_TRANSACTION (preparing, committing,
-        aborting), so a send that starts later is refused. Under the GIL the list's
-        appends, pops and length are sequentially consistent, and a send appends before
-        it reads the state and pops after librdkafka's produce() returned: the length
-        back at its padding proves that at that instant no send had passed its state
-        check unfinished, and every later one reads the new state. (The gap this closes
-        is real even without a serializer: between the state check and librdkafka's
-        enqueue, an allocation may run the garbage collector, whose finalizers are
-        Python code, where the GIL may pass to the thread that prepares.)"""
-        under_way = self.under_way
-        idle = _PADDING + self._own_sends()
-        while True:
-            if len(under_way) <= idle:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.0002)

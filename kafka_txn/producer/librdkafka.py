@@ -1,9 +1,11 @@
-"""The I/O half of ``TransactionalProducer``: every call into confluent-kafka, the
-retrying of retriable errors (tenacity), the translation of what fails through the error
-table, and the slow path of a record librdkafka refuses.
+"""The I/O half of ``TransactionalProducer``: its calls into confluent-kafka's Producer
+(through its ``Handle``, ``producer.handle``), the retrying of retriable errors
+(tenacity), the translation of what fails through the error table, and librdkafka's
+error callback.
 
-The producer's public calls decide what to do; this class does it and moves the
-lifecycle (``kafka_txn.producer.lifecycle``) when librdkafka reports a fatal or abortable error.
+The producer's public calls decide what to do; the ``Driver`` does it and moves the
+lifecycle (``kafka_txn.producer.lifecycle``) when librdkafka reports a fatal or abortable
+error. The slow path of a record librdkafka refuses is ``producer.sending``'s.
 """
 
 from __future__ import annotations
@@ -16,24 +18,23 @@ from typing import Any
 
 import tenacity
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.serialization import MessageField, SerializationContext
 
-from kafka_txn.classification import AUTHENTICATION_CODES, classify, exception_for, produce_failure
+from kafka_txn.classification import AUTHENTICATION_CODES, classify, exception_for
 from kafka_txn.errors import (
     CommitFailedException,
     ErrorCategory,
     FatalError,
     IllegalStateError,
     KafkaTxnError,
-    ProduceFailedException,
     TransactionAbortableError,
     TransactionOutcomeUnknownError,
     root_exception,
 )
 from kafka_txn.producer.delivery import Deliveries
+from kafka_txn.producer.handle import Handle
 from kafka_txn.producer.lifecycle import Lifecycle, State
 
-__all__ = ["Driver", "Handle"]
+__all__ = ["Driver"]
 
 log = logging.getLogger("kafka_txn.producer")
 
@@ -59,9 +60,6 @@ def _wait_until(deadline: float) -> Callable[[tenacity.RetryCallState], float]:
     return wait
 
 
-Serializer = Callable[[Any, SerializationContext], bytes | None]
-
-
 def _is_retriable(exc: BaseException) -> bool:
     return (
         isinstance(exc, KafkaException)
@@ -84,76 +82,6 @@ def _failure(call: Callable[..., object], *args: Any) -> KafkaException | None:
     return None
 
 
-class Handle:
-    """confluent-kafka's ``Producer`` as this library calls it: one method per call it
-    makes, each passing straight through. Frames, bound methods and closures of this
-    library hold this object, never the Producer itself, and a stored exception's
-    traceback keeps such frames (and their locals) alive, in cycles with the objects
-    that store it. ``detach()``, at close(), lets go of the Producer: nothing else holds
-    it then (``Driver.produce`` and the producer's own ``_produce`` are let go of too),
-    so reference counting destroys it there and then (rd_kafka_destroy: librdkafka's
-    threads, sockets and memory), whatever still holds this object. Every call after
-    that is refused as after close(); ``len()`` is 0."""
-
-    __slots__ = ("_producer",)
-
-    def __init__(self, producer: Producer) -> None:
-        self._producer: Producer | None = producer
-
-    def detach(self) -> None:
-        """Let go of the Producer; calls from now on raise ``IllegalStateError``."""
-        self._producer = None
-
-    def _live(self, operation: str) -> Producer:
-        producer = self._producer
-        if producer is None:
-            raise IllegalStateError(f"{operation}() called after close()")
-        return producer
-
-    def produce(self, *args: Any) -> None:
-        self._live("produce").produce(*args)
-
-    def poll(self, timeout: float = -1) -> int:
-        return self._live("poll").poll(timeout)
-
-    def flush(self, timeout: float = -1) -> int:
-        return self._live("flush").flush(timeout)
-
-    def init_transactions(self, timeout: float = -1) -> None:
-        self._live("init_transactions").init_transactions(timeout)
-
-    def begin_transaction(self) -> None:
-        self._live("begin_transaction").begin_transaction()
-
-    def commit_transaction(self, timeout: float = -1) -> None:
-        self._live("commit_transaction").commit_transaction(timeout)
-
-    def abort_transaction(self, timeout: float = -1) -> None:
-        self._live("abort_transaction").abort_transaction(timeout)
-
-    def send_offsets_to_transaction(
-        self, offsets: list[Any], group_metadata: Any, timeout: float = -1
-    ) -> None:
-        producer = self._live("send_offsets_to_transaction")
-        producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
-
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
-        return self._live("list_topics").list_topics(topic, timeout)
-
-    def close(self) -> None:
-        """confluent-kafka's close(), where it has one."""
-        close = getattr(self._live("close"), "close", None)
-        if close is not None:
-            close()
-
-    def __len__(self) -> int:
-        producer = self._producer
-        return 0 if producer is None else len(producer)
-
-    def __bool__(self) -> bool:
-        return True  # as confluent-kafka's Producer: even when nothing is queued
-
-
 class Driver:
     """Calls into one confluent-kafka ``Producer`` on behalf of a TransactionalProducer."""
 
@@ -170,26 +98,20 @@ class Driver:
         life: Lifecycle,
         deliveries: Deliveries,
         operation_timeout: float,
-        queue_full_timeout: float,
         sleep: Callable[[float], None],
-        key_serializer: Serializer | None,
-        value_serializer: Serializer | None,
         user_error_cb: Callable[..., None] | None,
     ) -> None:
         self.transactional_id = transactional_id
         self.life = life
         self.deliveries = deliveries
         self._operation_timeout = operation_timeout
-        self._queue_full_timeout = queue_full_timeout
         self._sleep = sleep
-        self._key_serializer = key_serializer
-        self._value_serializer = value_serializer
         self._user_error_cb = user_error_cb
         self.refused_login: KafkaError | None = None
         """librdkafka's latest report of a refused SASL login (``AUTHENTICATION_CODES``,
         through error_cb, served by ``poll``): no call returns it, librdkafka logs in
         again and again meanwhile. Recovery reads it while it waits for a broker, and
-        consumes it (``TwoPhase._cluster_while_recovering``)."""
+        consumes it (``twophase.cluster.ClusterId``)."""
 
     @property
     def operation_timeout(self) -> float:
@@ -501,123 +423,6 @@ class Driver:
         elif not err.fatal():
             log.info("librdkafka: %s (%s)", err.str(), err.name())
 
-    def sync_failure(
-        self, exc: KafkaException, topic: str, partition: int, key: Any
-    ) -> KafkaTxnError:
-        err = exc.args[0]
-        if classify(err)[0] is ErrorCategory.FATAL or err.code() == KafkaError._FATAL:
-            return self.on_call_error(exc, "produce")
-        if err.code() == KafkaError._STATE:
-            # librdkafka's transaction already failed, most likely through a delivery
-            # report not served yet: serve it, so that the real cause is recorded first.
-            self.drain()
-        failure = produce_failure(err, topic, partition, key)
-        if err.code() == KafkaError._STATE and self.deliveries.first_failure is not None:
-            failure.message += f"; the transaction already failed: {self.deliveries.first_failure}"
-        # The record never entered librdkafka, so librdkafka would commit without it:
-        # remember it so that commit_transaction() refuses (KIP-691).
-        self.deliveries.record_failure(failure)
-        return failure
-
-    def produce_failed(
-        self,
-        exc: Exception,
-        topic: str,
-        value: Any,
-        key: Any,
-        partition: int,
-        cb: Callable[..., None] | None,
-        timestamp: int,
-        headers: Any,
-    ) -> None:
-        """The slow path of produce()/send(): a record librdkafka refused, arguments of
-        the wrong type, or a full queue, where it serves delivery reports until there is
-        room, like Java's send() blocking up to max.block.ms. A send that close() overtook
-        (another thread's, after its state check) is refused as after close()."""
-        deadline = time.monotonic() + self._queue_full_timeout
-        while isinstance(exc, BufferError):
-            if time.monotonic() >= deadline:
-                err = KafkaError(
-                    KafkaError._QUEUE_FULL,
-                    f"local queue still full after {self._queue_full_timeout:g}s",
-                )
-                failure = produce_failure(err, topic, partition, key)
-                self.deliveries.record_failure(failure)
-                raise failure from None
-            self.poll(0.05)
-            try:
-                self.produce(topic, value, key, partition, cb, None, timestamp, headers)
-                return
-            except Exception as again:  # dispatched below, like the first failure
-                exc = again
-        if isinstance(exc, IllegalStateError):  # the handle was let go of: Handle.detach
-            raise exc
-        if isinstance(exc, KafkaException):
-            raise self.sync_failure(exc, topic, partition, key) from exc
-        failure = self.refused(exc, topic, value, key, partition)
-        if isinstance(exc, TypeError):
-            raise self.type_error(exc, key, value) from None
-        raise failure from exc
-
-    def refused(
-        self, exc: Exception, topic: Any, value: Any, key: Any, partition: Any
-    ) -> ProduceFailedException:
-        """confluent-kafka refused produce()'s arguments with a Python exception before
-        the record was queued: a str it cannot encode as UTF-8 (UnicodeEncodeError, as a
-        str serializer's failure would be), an int out of range (OverflowError), a
-        wrong type (TypeError)... librdkafka never saw the record and would commit
-        without it: it is recorded as a failed record (MESSAGE_REJECTED), so that
-        commit_transaction() refuses (KIP-691), and returned for produce() to raise
-        (from ``exc``); a TypeError is raised as such instead (``type_error``)."""
-        code, what = KafkaError._INVALID_ARG, "produce() arguments rejected by confluent-kafka"
-        if isinstance(exc, UnicodeEncodeError):
-            if _unencodable(topic):
-                what = "topic name is not valid UTF-8"
-            elif _unencodable(value):
-                code, what = KafkaError._VALUE_SERIALIZATION, "value str is not valid UTF-8"
-            elif _unencodable(key):
-                code, what = KafkaError._KEY_SERIALIZATION, "key str is not valid UTF-8"
-        failure = produce_failure(
-            KafkaError(code, f"{what}: {exc!r}"),
-            topic if isinstance(topic, str) else None,
-            partition if isinstance(partition, int) else None,
-            key if isinstance(key, (bytes, str)) else None,
-        )
-        failure.__cause__ = exc
-        self.deliveries.record_failure(failure)
-        return failure
-
-    def serialize(self, topic: str, key: Any, value: Any, headers: Any) -> tuple[Any, Any]:
-        field = MessageField.KEY
-        try:
-            if self._key_serializer is not None:
-                key = self._key_serializer(key, SerializationContext(topic, field, headers))
-            field = MessageField.VALUE
-            if self._value_serializer is not None:
-                value = self._value_serializer(value, SerializationContext(topic, field, headers))
-        except Exception as exc:
-            code = (
-                KafkaError._KEY_SERIALIZATION
-                if field == MessageField.KEY
-                else KafkaError._VALUE_SERIALIZATION
-            )
-            failure = produce_failure(
-                KafkaError(code, f"{field} serializer failed: {exc!r}"), topic, None, None
-            )
-            self.deliveries.record_failure(failure)
-            raise failure from exc
-        return key, value
-
-    def type_error(self, exc: TypeError, key: Any, value: Any) -> TypeError:
-        pairs = (("value", value, "value_serializer"), ("key", key, "key_serializer"))
-        for name, obj, option in pairs:
-            if obj is not None and not isinstance(obj, (bytes, str)):
-                return TypeError(
-                    f"{name} must be bytes, str or None, got {type(obj).__name__}: encode it "
-                    f"first or pass {option}=... to TransactionalProducer"
-                )
-        return TypeError(f"produce() arguments rejected by confluent-kafka: {exc}")
-
 
 def _kafka_exception_in(odd: object) -> KafkaException | None:
     """The confluent-kafka KafkaException ``odd`` is or chains (``__cause__``,
@@ -634,17 +439,6 @@ def _kafka_exception_in(odd: object) -> KafkaException | None:
         odd = odd.__cause__ or odd.__context__
         seen += 1
     return None
-
-
-def _unencodable(obj: Any) -> bool:
-    """``obj`` is a str that UTF-8 cannot encode (a lone surrogate)."""
-    if not isinstance(obj, str):
-        return False
-    try:
-        obj.encode()
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _outcome_unknown_message(operation: str, budget: float, err: KafkaError) -> str:

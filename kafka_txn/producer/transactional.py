@@ -1,59 +1,41 @@
 """``TransactionalProducer``: confluent-kafka's transactional producer behind the declared
 lifecycle of ``kafka_txn.producer.lifecycle`` and the KIP-691 error model.
 
-The class holds the public calls: it checks the state, takes the lock and delegates.
-Delivery bookkeeping lives in ``producer.delivery``, the calls into librdkafka and the
-translation of their errors in ``producer.librdkafka``, the bodies of init, commit and
-abort in ``producer.completion``, prepare and recovery in ``kafka_txn.twophase``, the
-states and their legal moves in ``producer.lifecycle``. ``_assemble`` wires them up.
+The class holds the public calls: it checks the state, takes the lock and delegates to
+the components ``producer.assembly`` builds: ``producer.sending`` (serializers, a full
+queue, refused records, the sends under way), ``producer.librdkafka`` (the calls into
+librdkafka and the translation of their errors), ``producer.completion`` (the bodies of
+begin, init, commit, abort and complete), ``producer.closing`` (close),
+``kafka_txn.twophase`` (prepare and recovery), ``producer.lifecycle`` (the states and
+their legal moves). Only the fast path of ``produce()``/``send()`` stays here: one Python
+frame over confluent-kafka's produce().
 """
 
 from __future__ import annotations
 
-import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.serialization import SerializationContext
+from confluent_kafka import TopicPartition
 
-from kafka_txn.classification import produce_failure
-from kafka_txn.config import ProducerSettings, ValidatedConfig, user_key_for, validate_config
-from kafka_txn.errors import (
-    CommitFailedException,
-    ConfigurationError,
-    FatalError,
-    IllegalStateError,
-    KafkaTxnError,
-    TransactionOutcomeUnknownError,
-    root_exception,
-)
+from kafka_txn.config import ProducerSettings, validate_config
+from kafka_txn.errors import CommitFailedException, IllegalStateError
 from kafka_txn.metrics import MetricsHook, timed
-from kafka_txn.producer.completion import Completion, may_abort_after_fatal
-from kafka_txn.producer.delivery import Deliveries, DeliveryCallback
+from kafka_txn.producer.assembly import assemble, resolve_operation_timeout
+from kafka_txn.producer.delivery import DeliveryCallback
 from kafka_txn.producer.futures import _PENDING, DeliveryFuture
-from kafka_txn.producer.librdkafka import Driver
-from kafka_txn.producer.lifecycle import ALLOWED, Lifecycle, State
+from kafka_txn.producer.lifecycle import State
+from kafka_txn.producer.sending import Serializer
 from kafka_txn.state import PreparedTxnState
 from kafka_txn.twophase.prepare import TwoPhase
 from kafka_txn.twophase.recovery import TransactionOutcome
 
 __all__ = ["DeliveryCallback", "Serializer", "TransactionalProducer"]
 
-log = logging.getLogger("kafka_txn.producer")
-_LIBRDKAFKA_LOG = logging.getLogger("kafka_txn.librdkafka")
-
-Serializer = Callable[[Any, SerializationContext], bytes | None]
-"""A confluent-kafka ``Serializer`` or any callable of the same shape."""
-
 _IN_TXN = State.IN_TRANSACTION
-_UNDO_ATTEMPTS = 5
-"""Times an interrupted begin_transaction() tries to abort librdkafka's empty transaction
-while further interruptions keep arriving."""
 _OPEN_STATES = frozenset(
     {
         _IN_TXN,
@@ -65,128 +47,6 @@ _OPEN_STATES = frozenset(
         State.ABORTABLE,
     }
 )
-
-
-_PROBE_LOG = logging.Logger("kafka_txn.settings_probe", logging.CRITICAL + 1)
-"""Where a settings probe's librdkafka log lines go: nowhere (a Logger outside the
-logging tree, above every level: ``debug`` raises librdkafka's log_level)."""
-_PROBE_LOG.disabled = True
-
-
-def probe_settings(librdkafka: Mapping[str, Any]) -> None:
-    """Run librdkafka's own checks of ``librdkafka`` (value ranges, the idempotent
-    producer's constraints such as ``acks=all``) as a producer's construction would,
-    without connecting: a handle made without bootstrap servers, destroyed at once.
-    Raises ``ConfigurationError`` as ``TransactionalProducer`` does. For settings checked
-    where no producer is built (the Spark sink's driver)."""
-    conf = {k: v for k, v in librdkafka.items() if k != "bootstrap.servers"}
-    probe = _build_producer({**conf, "logger": _PROBE_LOG})
-    del probe
-
-
-def _build_producer(conf: dict[str, Any]) -> Producer:
-    """confluent-kafka's Producer; librdkafka's refusals become ConfigurationError naming
-    the key as the user wrote it."""
-    try:
-        return Producer(conf)
-    except KafkaException as exc:
-        err = exc.args[0]
-        reason = err.str()
-        named = re.search(r'property "([^"]+)"', reason)
-        if named is not None:
-            key = user_key_for(named.group(1), conf)
-            if key != named.group(1):
-                reason += f" (set as {key!r})"
-        raise ConfigurationError(
-            f"librdkafka rejected the producer configuration: {reason}. Check the "
-            "property name and value against librdkafka's CONFIGURATION.md",
-            kafka_error=err,
-        ) from exc
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"librdkafka rejected the producer configuration: {exc}") from exc
-
-
-def _operation_timeout(operation_timeout: float | None, validated: ValidatedConfig) -> float:
-    """``operation_timeout`` as given, by default ``transaction.timeout.ms``; must be > 0."""
-    transaction_timeout_s = validated.transaction_timeout_ms / 1000.0
-    resolved = operation_timeout if operation_timeout is not None else transaction_timeout_s
-    if resolved <= 0:
-        raise ConfigurationError(
-            f"operation_timeout={operation_timeout!r} must be a positive number of seconds"
-        )
-    return resolved
-
-
-class _Parts(NamedTuple):
-    """The components of one TransactionalProducer."""
-
-    life: Lifecycle
-    deliveries: Deliveries
-    io: Driver
-    twophase: TwoPhase | None
-    completion: Completion
-    producer: Producer
-
-
-def _assemble(
-    validated: ValidatedConfig,
-    *,
-    poll: Callable[[float], int],
-    key_serializer: Serializer | None,
-    value_serializer: Serializer | None,
-    operation_timeout: float,
-    queue_full_timeout: float,
-    prepare_min_time_left: float | None,
-    metrics: MetricsHook | None,
-    sleep: Callable[[float], None],
-) -> _Parts:
-    """Build a producer's components and wire them to each other and to librdkafka's
-    callbacks; ``poll`` is the producer's own (delivery futures' ``result()`` polls)."""
-    life = Lifecycle(validated.transactional_id)
-    deliveries = Deliveries(
-        user_on_delivery=validated.callbacks.get("on_delivery"),
-        metrics=metrics,
-        on_fatal=life.enter_fatal,
-        poll=poll,
-    )
-    io = Driver(
-        transactional_id=validated.transactional_id,
-        life=life,
-        deliveries=deliveries,
-        operation_timeout=operation_timeout,
-        queue_full_timeout=queue_full_timeout,
-        sleep=sleep,
-        key_serializer=key_serializer,
-        value_serializer=value_serializer,
-        user_error_cb=validated.callbacks.get("error_cb"),
-    )
-    conf = dict(validated.librdkafka)
-    conf["on_delivery"] = deliveries.sink
-    conf["error_cb"] = io.on_error
-    # librdkafka's own log lines go to Python logging (served from poll()), not stderr.
-    conf.setdefault("logger", _LIBRDKAFKA_LOG)
-    twophase = TwoPhase.configure(
-        conf,
-        validated,
-        life=life,
-        deliveries=deliveries,
-        io=io,
-        deadline_s=operation_timeout,
-        min_time_left_s=prepare_min_time_left,
-        sleep=sleep,
-        metrics=metrics,
-    )
-    completion = Completion(
-        life=life,
-        deliveries=deliveries,
-        io=io,
-        twophase=twophase,
-        operation_timeout=operation_timeout,
-        metrics=metrics,
-    )
-    producer = _build_producer(conf)
-    io.attach(producer)
-    return _Parts(life, deliveries, io, twophase, completion, producer)
 
 
 class TransactionalProducer:
@@ -224,11 +84,11 @@ class TransactionalProducer:
     ) -> None:
         validated = validate_config(config)
         self.transactional_id = validated.transactional_id
-        self._operation_timeout = _operation_timeout(operation_timeout, validated)
+        self._operation_timeout = resolve_operation_timeout(operation_timeout, validated)
         self._metrics = metrics
         self._serializing = key_serializer is not None or value_serializer is not None
         self._lock = threading.RLock()
-        parts = _assemble(
+        parts = assemble(
             validated,
             poll=self.poll,
             key_serializer=key_serializer,
@@ -240,14 +100,15 @@ class TransactionalProducer:
             sleep=sleep,
         )
         self._life, self._deliveries, self._io = parts.life, parts.deliveries, parts.io
-        self._twophase, self._completion = parts.twophase, parts.completion
+        self._sends, self._twophase = parts.sends, parts.twophase
+        self._completion, self._closing = parts.completion, parts.closing
         # The Producer behind its Handle, and its own produce() (the hot path): close()
         # lets go of both (Driver.release, _close), and nothing else holds it.
         self._producer = parts.io.producer
         self._produce = parts.io.produce
         # produce()/send() append themselves to this list, and pop, for prepare/commit/abort
-        # to wait until none is under way (Completion.await_sends).
-        self._under_way = parts.completion.under_way
+        # to wait until none is under way (Sends.await_sends).
+        self._under_way = parts.sends.under_way
 
     # ------------------------------------------------------------------ properties
     @property
@@ -282,16 +143,7 @@ class TransactionalProducer:
                     return
                 self._life.require("init_transactions")
                 self._completion.init(timeout)
-            self._raise_callback_error("init_transactions() succeeded")
-
-    def _raise_callback_error(self, done: str) -> None:
-        """Raise a user callback's exception served by a transactional call that
-        succeeded, now that the lifecycle shows that success; the note says what the call
-        did, so that nobody takes the exception for a failed commit or abort."""
-        self._deliveries.raise_callback_error(
-            f"kafka-txn: this exception was raised by your callback; {done} (the "
-            f"producer is now '{self._life.state.value}'): do not retry or undo it"
-        )
+            self._completion.raise_callback_error("init_transactions() succeeded")
 
     def begin_transaction(self) -> None:
         """Start a transaction; records sent until commit or abort belong to it.
@@ -306,87 +158,7 @@ class TransactionalProducer:
         the fatal error says to close the producer."""
         with self._lock, timed(self._metrics, "begin_transaction"):
             self._life.require("begin_transaction")
-            if self._life.state is State.ABORTING:
-                self._finish_abort()
-            self._io.drain()
-            self._deliveries.reset()
-            try:
-                self._producer.begin_transaction()
-                if self._twophase is not None:
-                    # The start-time spacing wait comes after librdkafka's begin, which
-                    # sends nothing (it hands a state change to librdkafka's main thread
-                    # and waits for it), so that the wait covers that handoff; no record
-                    # can go before the wait ends: produce(), send() and
-                    # send_offsets_to_transaction() are refused until the state changes.
-                    self._twophase.begin()
-            except KafkaException as exc:
-                raise self._io.on_call_error(exc, "begin_transaction") from exc
-            except BaseException as exc:
-                interrupted = exc
-            else:
-                if not self._life.finish(_IN_TXN):
-                    # close() let go of the handle (or its confluent-kafka close()
-                    # aborted librdkafka's empty transaction): nothing can be sent.
-                    raise self._life.closed_while("begin_transaction", "no transaction is open")
-                return
-            # A signal's exception (KeyboardInterrupt...) right after librdkafka's begin
-            # returned, or during the wait: librdkafka may be in a transaction that ours
-            # never entered. Undone after the except block: its abort is a librdkafka call
-            # (see transaction()).
-            self._undo_begin()
-            raise interrupted
-
-    def _finish_abort(self) -> None:
-        """begin_transaction() after an abort that ran out of time: resume it first."""
-        log.info(
-            "begin_transaction(): resuming the unfinished abort of %r's previous transaction",
-            self.transactional_id,
-        )
-        try:
-            self._completion.abort(None)
-        except TransactionOutcomeUnknownError as exc:
-            raise TransactionOutcomeUnknownError(
-                f"begin_transaction(): the abort of the previous transaction of "
-                f"{self.transactional_id!r} has not completed ({exc.message}), so nothing "
-                "was begun. Nothing of that transaction is visible to read_committed "
-                "consumers. Call begin_transaction() again once the broker answers: it "
-                "resumes the abort first",
-                kafka_error=exc.kafka_error,
-                operation="abort_transaction",
-            ) from root_exception(exc)
-        self._raise_callback_error("begin_transaction() finished the previous abort")
-
-    def _undo_begin(self) -> None:
-        """begin_transaction() was interrupted: end the transaction librdkafka may have
-        begun. It holds nothing (no record could be sent, so no partition was
-        registered), so librdkafka's abort sends nothing either; one it had not begun
-        is refused as such (_STATE) and left alone. Another interruption meanwhile does
-        not stop the undo (the first one is what begin_transaction() raises)."""
-        failure: str | None = "interrupted again and again"
-        err = KafkaError(KafkaError._STATE)
-        for _ in range(_UNDO_ATTEMPTS):
-            try:
-                if self._twophase is not None:
-                    self._twophase.identity.invalidate()  # read the id/epoch again, to be safe
-                self._producer.abort_transaction(self._io.operation_timeout)
-            except KafkaException as exc:
-                err = exc.args[0]
-                failure = None if err.code() == KafkaError._STATE else err.str()
-            except BaseException:  # another interruption: finish the undo first
-                continue
-            else:
-                failure = None
-            break
-        if failure is not None and self._life.fatal is None:
-            # librdkafka may hold a transaction we cannot end.
-            self._life.enter_fatal(
-                FatalError(
-                    "begin_transaction() was interrupted, and the empty transaction "
-                    f"librdkafka had begun could not be aborted ({failure}): close this "
-                    "producer",
-                    kafka_error=err,
-                )
-            )
+            self._completion.begin()
 
     def produce(
         self,
@@ -404,13 +176,13 @@ class TransactionalProducer:
         ``IllegalStateError`` outside a transaction or once ``prepare_transaction()``
         has started."""
         under_way = self._under_way
-        under_way.append(None)  # before the state check: see Completion.await_sends
+        under_way.append(None)  # before the state check: see Sends.await_sends
         try:  # the outer try also covers the pop: a signal may strike there too
             try:
                 if self._life.state is not _IN_TXN:
                     self._life.refuse_send("produce")
                 if self._serializing:
-                    key, value = self._io.serialize(topic, key, value, headers)
+                    key, value = self._sends.serialize(topic, key, value, headers)
                 cb = None if on_delivery is None else self._deliveries.chain(on_delivery)
                 try:
                     # Positional on purpose, and no more arguments than needed: confluent-kafka's
@@ -433,14 +205,14 @@ class TransactionalProducer:
                 # Outside the except block: the slow path calls librdkafka again, and a
                 # KafkaException raised while another is handled pins the handled one's frames
                 # for good (confluent-kafka's KafkaError, see Driver.retrying).
-                self._io.produce_failed(
+                self._sends.produce_failed(
                     failed, topic, value, key, partition, cb, timestamp, headers
                 )
             finally:
                 under_way.pop()
         except BaseException as exc:
             if not isinstance(exc, Exception):
-                self._interrupted_send(exc, topic, partition, key)
+                self._sends.interrupted(exc, topic, partition, key)
             raise
 
     def send(
@@ -454,13 +226,13 @@ class TransactionalProducer:
     ) -> DeliveryFuture:
         """Like ``produce()``, returning a ``DeliveryFuture`` of the delivered ``Message``."""
         under_way = self._under_way
-        under_way.append(None)  # before the state check: see Completion.await_sends
+        under_way.append(None)  # before the state check: see Sends.await_sends
         try:  # the outer try also covers the pop, as in produce()
             try:
                 if self._life.state is not _IN_TXN:
                     self._life.refuse_send("send")
                 if self._serializing:
-                    key, value = self._io.serialize(topic, key, value, headers)
+                    key, value = self._sends.serialize(topic, key, value, headers)
                 future = DeliveryFuture()  # C-level: the class has no __init__ (futures.py)
                 future._owner = self._deliveries
                 future._outcome = _PENDING
@@ -474,7 +246,7 @@ class TransactionalProducer:
                     return future
                 except Exception as exc:
                     failed = exc
-                self._io.produce_failed(  # outside the except block, as in produce()
+                self._sends.produce_failed(  # outside the except block, as in produce()
                     failed, topic, value, key, partition, future, timestamp, headers
                 )
                 return future
@@ -482,23 +254,8 @@ class TransactionalProducer:
                 under_way.pop()
         except BaseException as exc:
             if not isinstance(exc, Exception):
-                self._interrupted_send(exc, topic, partition, key)
+                self._sends.interrupted(exc, topic, partition, key)
             raise
-
-    def _interrupted_send(self, exc: BaseException, topic: str, partition: int, key: Any) -> None:
-        """A signal's exception (KeyboardInterrupt...) came out of produce()/send(): it may
-        have come right after librdkafka queued the record, so whether the record is in
-        the transaction is unknown, while the caller was told the send failed (and may
-        send it again). The transaction must not commit: the send counts as a failed
-        record, which commit and prepare report (abort and retry)."""
-        err = KafkaError(
-            KafkaError._INTR,
-            f"{type(exc).__name__} during produce()/send(): the record may have been "
-            "queued though the call raised, so this transaction cannot commit; abort it",
-        )
-        self._deliveries.record_failure(
-            produce_failure(err, topic, partition, key if isinstance(key, (bytes, str)) else None)
-        )
 
     def send_offsets_to_transaction(
         self,
@@ -522,7 +279,7 @@ class TransactionalProducer:
         failed commit raises ``TransactionInDoubtError`` instead: it is never aborted."""
         with self._lock:
             self._completion.commit(timeout)
-            self._raise_callback_error("commit_transaction() succeeded")
+            self._completion.raise_callback_error("commit_transaction() succeeded")
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the open transaction: nothing of it becomes visible to read_committed
@@ -531,7 +288,7 @@ class TransactionalProducer:
         whose commit was attempted)."""
         with self._lock:
             self._completion.abort(timeout)
-            self._raise_callback_error("abort_transaction() succeeded")
+            self._completion.raise_callback_error("abort_transaction() succeeded")
 
     # ------------------------------------------------------------------ two-phase commit
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
@@ -588,32 +345,17 @@ class TransactionalProducer:
             twophase = self._two_phase("complete_transaction")
             current = self._life.state
             if current is State.RECOVERING:
-                outcome = twophase.complete_recovery(
+                outcome = twophase.recovery.complete(
                     state, before_init, timeout, init=self._completion.init
                 )
-                self._raise_callback_error(
+                self._completion.raise_callback_error(
                     f"complete_transaction() succeeded: recovery's outcome is {outcome.value}"
                 )
                 return outcome
-            if current is State.ABORTING:  # an abort that ran out of time: resume it
-                self._life.require("complete_transaction")  # names abort_transaction()
-            if current not in ALLOWED["complete_transaction"]:
-                self._life.raise_if_dead("complete_transaction")
-                raise IllegalStateError(
-                    f"complete_transaction() with no prepared transaction (state "
-                    f"'{current.value}'): call prepare_transaction() first, or "
-                    "init_transactions(keep_prepared_txn=True) to recover",
-                    kafka_error=KafkaError(KafkaError.INVALID_TXN_STATE),
-                )
-            if twophase.decides_commit(state):  # a foreign state raises here
-                self._completion.commit(timeout)
-                outcome = TransactionOutcome.COMMITTED
-            else:
-                self._completion.abort(timeout)  # refused when in doubt
-                outcome = TransactionOutcome.ABORTED
+            outcome = self._completion.complete(twophase, state, current, timeout)
             if before_init is not None:
                 before_init(outcome)
-            self._raise_callback_error(
+            self._completion.raise_callback_error(
                 f"complete_transaction() succeeded: the transaction is {outcome.value}"
             )
             return outcome
@@ -683,68 +425,14 @@ class TransactionalProducer:
         aborting it: for DualWriter, when an abort could bump the epoch (KIP-360) before
         the last commit is recorded as settled."""
         with self._lock:
-            state = self._life.state
-            if state is State.CLOSED:
+            if self._life.state is State.CLOSED:
                 return
-            done = "close() closed the producer"
-            open_txn = state in (_IN_TXN, State.ABORTABLE, State.ABORTING)
-            if open_txn and not abort_open:
-                log.warning(
-                    "close(): the open transaction of %r is left to the coordinator, not "
-                    "aborted", self.transactional_id,
-                )  # fmt: skip
-            elif open_txn:
-                try:
-                    self._completion.abort(timeout)
-                    done = "close() aborted the open transaction and closed the producer"
-                except KafkaTxnError as exc:
-                    log.warning("close(): abort of the open transaction failed: %s", exc)
-            fatal = self._life.fatal
-            abort_directly = abort_open and (
-                # close() from a signal handler while prepare flushed (same thread): no
-                # state was handed to any decider; librdkafka aborts it directly.
-                state is State.PREPARING
-                or (
-                    state is State.FATAL
-                    and fatal is not None
-                    and may_abort_after_fatal(self._life.fatal_from, fatal.kafka_error)
-                )
-            )
-            aborted_after_fatal = abort_directly and self._completion.abort_after_fatal(timeout)
-            if aborted_after_fatal:
-                done = "close() aborted the open transaction and closed the producer"
-            # A commit whose outcome is unknown (COMMITTING) may already be decided by the
-            # coordinator: confluent-kafka's close() would try to abort it (librdkafka
-            # refuses: "Conflicting commit_transaction API call is already in progress").
-            keep_open = (
-                state is State.COMMITTING
-                or (open_txn and not abort_open)
-                or (self._twophase is not None and self._twophase.prepared is not None)
-            )
-            # confluent-kafka's close() aborts whatever librdkafka still has open, without
-            # a time bound, and turns a refusal into a RuntimeWarning: an
-            # init_transactions() that timed out is still under way ("Conflicting
-            # init_transactions API call is already in progress"), a fatal error refuses
-            # every abort, an abort that timed out would be waited for without end. So it
-            # is called only when librdkafka holds no transaction and runs no call.
-            now = self._life.state
-            idle = (
-                now is State.READY
-                or aborted_after_fatal
-                or (now in (State.NEW, State.RECOVERING) and not self._completion.init_started)
-            )
-            self._life.transition_to(State.CLOSED)
-            if self._twophase is not None:
-                self._twophase.close()
             try:
-                self._io.release(close_handle=idle and not keep_open)
+                done = self._closing.close(timeout, abort_open=abort_open)
             finally:
-                # The last reference to librdkafka's handle: it is destroyed here. A
-                # pending DeliveryFuture's result() polls the driver from now on, which
-                # refuses as this producer would (no cycle back to this producer).
+                # The last reference to librdkafka's handle: it is destroyed here.
                 self._produce = self._io.produce
-                self._deliveries.poll = self._io.poll
-            self._raise_callback_error(done)
+            self._completion.raise_callback_error(done)
 
     def __enter__(self) -> TransactionalProducer:
         return self
@@ -758,5 +446,3 @@ class TransactionalProducer:
 
     def __repr__(self) -> str:
         return f"<TransactionalProducer {self.transactional_id!r} {self.state}>"
-
-    # ------------------------------------------------------------------ internals

@@ -50,8 +50,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Select
 
 from kafka_txn.dualwrite.ddl import create_table_if_missing
+from kafka_txn.dualwrite.engine import validate_identifier
 from kafka_txn.dualwrite.exact_ids import exact_string, fix_statement, inexact, pads
-from kafka_txn.dualwrite.writer import validate_identifier
 from kafka_txn.errors import (
     ConfigurationError,
     InvalidPreparedStateError,

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeEngine
 
-from kafka_txn.dualwrite.writer import validate_identifier
+from kafka_txn.dualwrite.engine import validate_identifier
 from kafka_txn.errors import ConfigurationError
 
 if TYPE_CHECKING:

@@ -15,10 +15,10 @@ from sqlalchemy import Engine
 
 from kafka_txn.config import TWO_PHASE_COMMIT_KEY, validate_config
 from kafka_txn.coordinator.security import check_security_keys
+from kafka_txn.dualwrite.engine import database_url, validate_seconds
 from kafka_txn.dualwrite.jdbc.urls import redact_jdbc_url, redact_settings
-from kafka_txn.dualwrite.writer import database_url, validate_seconds
 from kafka_txn.errors import ConfigurationError
-from kafka_txn.producer.transactional import probe_settings
+from kafka_txn.producer.handle import probe_settings
 
 StepHook = Callable[[str, int, int, int], None]
 """``hook(step, batch_id, partition, attempt)``, called after each DualWriter step in the

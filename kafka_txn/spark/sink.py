@@ -41,8 +41,8 @@ from sqlalchemy import Column, MetaData, String, Table
 from sqlalchemy.engine import Engine
 
 from kafka_txn.dualwrite.ddl import create_table_if_missing
+from kafka_txn.dualwrite.engine import engine_for, validate_identifier
 from kafka_txn.dualwrite.jdbc.urls import redact_jdbc_url, redact_settings
-from kafka_txn.dualwrite.writer import engine_for, validate_identifier
 from kafka_txn.errors import SinkOwnershipError
 from kafka_txn.spark.ledger import Ledger
 from kafka_txn.spark.mapping import Mapping as RowMapping

@@ -26,7 +26,8 @@ from pyspark import TaskContext
 from sqlalchemy import Table, and_, insert, select
 from sqlalchemy.engine import Connection, Engine
 
-from kafka_txn.dualwrite.writer import DualWriter, engine_for
+from kafka_txn.dualwrite.engine import engine_for
+from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import ReplayMismatchError, SinkOwnershipError
 from kafka_txn.spark.ledger import batch_guard, commits_table
 from kafka_txn.spark.options import SinkOptions, StepHook, with_isolation

@@ -1,62 +1,19 @@
-"""Recovery of a prepared transaction by a fresh process (KIP-939, emulated on the client).
+"""Recovery of a prepared transaction by a fresh process (KIP-939, emulated on the client):
+the steps that carry out the decision ``twophase.decisions`` makes, and their outcome.
 
 Runs BEFORE the new producer's ``init_transactions()`` (which would abort whatever is
-still open). The decision is a pure function, ``decide(stored, seen)``, of the stored
-state and what DescribeTransactions reports; ``recover`` does the I/O around it.
-
-The facts the table rests on:
-
-- Once prepared, this library never aborts a transaction the database may have
-  committed: a failed commit raises ``TransactionInDoubtError`` and leaves it for
-  recovery. So if the stored transaction was aborted, the coordinator did it: its
-  timeout (``transaction.timeout.ms``) or another producer's ``init_transactions()``
-  (apache/kafka ``TransactionCoordinator.abortTimedOutTransactions`` and
-  ``handleInitProducerId``, both through ``TransactionMetadata.prepareFenceProducerEpoch``
-  and then ``endTransaction(ABORT)`` with the cluster's transaction version). The abort
-  keeps the aborted transaction's start time and leaves the epoch at e + 1 (a
-  transaction.version 0/1 cluster, and Apache Kafka 4.1 and later at version 2) or at
-  e + 2 (Apache Kafka 4.0 at version 2, whose abort bumps again after the fence). While
-  the abort is being written, DescribeTransactions may show the transaction still
-  ``Ongoing`` under the fenced epoch e + 1 (``endTransactionWithTV1``, and 4.0's
-  version-2 path, set the bumped epoch before appending PrepareAbort); EndTxn with the
-  stored epoch is refused from then on. A later ``InitProducerId`` bumps the epoch again
-  and resets the start time to -1 (``prepareIncrementProducerEpoch``).
-- librdkafka keeps one producer id and epoch for every transaction of a session, so
-  transactions are told apart by the coordinator's start time (``stored.txn_start_ms``),
-  which is set when a transaction's first partition is added
-  (``TransactionMetadata.prepareAddPartitions``) and kept through its completion.
-- An id idle for ``transactional.id.expiration.ms`` (7 days by default) is forgotten:
-  the coordinator client then reports it not ``found``.
-
-The table (stored producer id p, epoch e, start s; the first matching row decides):
-
-====  ============  ============  ==========  ==================  ===================
-row   producer id   epoch         start       state               verdict
-====  ============  ============  ==========  ==================  ===================
-1     id not found                                                UNKNOWABLE
-2     not p                                                       UNKNOWABLE
-3     p             < e                                           UNKNOWABLE
-4     p             e             < s                             UNKNOWABLE
-5     p             e             s           Ongoing             COMMIT
-6     p             e             s           Prepare/Complete-   ALREADY_COMMITTED
-                                              Commit
-7     p             e             s           Prepare/Complete-   DIVERGED
-                                              Abort
-8     p             e             > s         any                 ALREADY_COMMITTED
-9     p             > e           s           Prepare/Complete-   ALREADY_COMMITTED
-                                              Commit
-10    p             > e           s           Ongoing, Prepare/   DIVERGED
-                                              Complete-Abort
-11    p             e + 1         > s         any                 ALREADY_COMMITTED
-12    anything else (epoch >= e + 2, Empty with start -1, ...)    UNKNOWABLE
-====  ============  ============  ==========  ==================  ===================
+still open). ``recover`` describes the transaction (DescribeTransactions), decides
+(``decisions.decide``), and acts: EndTxn(commit) for COMMIT, ``TransactionOutcome`` or
+the error of the verdict otherwise. ``Recovery`` runs it for one producer's
+``complete_transaction()`` in RECOVERING, and commits a kept transaction right after
+``init_transactions(keep_prepared_txn=True)`` (``settle_kept``).
 
 COMMIT sends EndTxn(commit) with the stored identity. If the coordinator refuses it as
 no longer holding that transaction (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH,
 INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING), recovery describes again and decides
 again; a second COMMIT is UNKNOWABLE (it never loops). Retriable coordinator errors are
 retried by the coordinator client; anything else is translated by
-``twophase.coordinator_failure``, the one place for that.
+``twophase.failures.coordinator_failure``, the one place for that.
 
 DescribeTransactions -> EndTxn is check-then-act: another producer with the same
 transactional id (a zombie) that commits the stored transaction and begins its next one
@@ -71,7 +28,9 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from confluent_kafka import KafkaError
 
@@ -80,29 +39,25 @@ from kafka_txn.errors import (
     InvalidPreparedStateError,
     TransactionDivergedError,
     TransactionOutcomeUnknowableError,
+    TransactionOutcomeUnknownError,
+    root_exception,
 )
+from kafka_txn.metrics import MetricsHook, timed
 from kafka_txn.state import PreparedTxnState
+from kafka_txn.twophase.cluster import ClusterId
+from kafka_txn.twophase.coordinator_calls import CoordinatorCalls
+from kafka_txn.twophase.decisions import (
+    Decision,
+    Verdict,
+    check_belongs,
+    commit_confirmed,
+    decide,
+    stored_identity,
+)
 
-__all__ = [
-    "ABORT_STATES",
-    "COMMIT_STATES",
-    "RULES",
-    "Decision",
-    "EpochIs",
-    "ProducerIs",
-    "Rule",
-    "StartIs",
-    "TransactionOutcome",
-    "Verdict",
-    "commit_confirmed",
-    "decide",
-    "recover",
-]
+__all__ = ["Recovered", "Recovery", "TransactionOutcome", "recover"]
 
 log = logging.getLogger("kafka_txn.recovery")
-
-COMMIT_STATES = frozenset({"PrepareCommit", "CompleteCommit"})
-ABORT_STATES = frozenset({"PrepareAbort", "CompleteAbort"})
 
 # EndTxn refusals meaning the coordinator no longer holds the transaction under the
 # stored identity (TransactionCoordinator.endTransaction): describe again, decide again.
@@ -127,206 +82,6 @@ class TransactionOutcome(str, enum.Enum):
     """Recovery found it committed earlier; nothing was sent."""
     NOTHING_TO_COMMIT = "nothing_to_commit"
     """The stored state was empty or completed; anything still open is aborted."""
-
-
-class Verdict(str, enum.Enum):
-    """What recovery concludes from one DescribeTransactions answer."""
-
-    COMMIT = "commit"
-    """Still open under the stored identity: send EndTxn(commit)."""
-    ALREADY_COMMITTED = "already_committed"
-    """It was committed before: nothing to send."""
-    DIVERGED = "diverged"
-    """Kafka aborted it: ``TransactionDivergedError``."""
-    UNKNOWABLE = "unknowable"
-    """Kafka no longer knows: ``TransactionOutcomeUnknowableError``."""
-
-
-class EpochIs(enum.Enum):
-    """The coordinator's epoch relative to the stored one."""
-
-    OLDER = "< e"
-    SAME = "e"
-    NEXT = "e + 1"
-    LATER = ">= e + 2"
-
-
-class StartIs(enum.Enum):
-    """The coordinator's transaction start time relative to the stored one."""
-
-    EARLIER = "< s"
-    SAME = "s"
-    LATER = "> s"
-
-
-class ProducerIs(enum.Enum):
-    """Who holds the transactional id, per the coordinator."""
-
-    NOT_FOUND = "id not found"
-    OTHER = "not p"
-    STORED = "p"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One row of the table: it matches when the producer is ``producer``, the epoch and
-    start time relations are among ``epochs`` and ``starts``, and the state is among
-    ``states`` (None: any)."""
-
-    row: int
-    verdict: Verdict
-    reason: str
-    producer: ProducerIs = ProducerIs.STORED
-    epochs: frozenset[EpochIs] | None = None
-    starts: frozenset[StartIs] | None = None
-    states: frozenset[str] | None = None
-
-    def matches(self, producer: ProducerIs, epoch: EpochIs, start: StartIs, state: str) -> bool:
-        return (
-            producer is self.producer
-            and (self.epochs is None or epoch in self.epochs)
-            and (self.starts is None or start in self.starts)
-            and (self.states is None or state in self.states)
-        )
-
-
-RULES: tuple[Rule, ...] = (
-    Rule(1, Verdict.UNKNOWABLE, producer=ProducerIs.NOT_FOUND, reason=(
-        "Kafka has forgotten the transactional id (it was idle longer than "
-        "transactional.id.expiration.ms, 7 days by default, or the cluster lost its "
-        "transaction log)"
-    )),
-    Rule(2, Verdict.UNKNOWABLE, producer=ProducerIs.OTHER, reason=(
-        "another producer id now holds the transactional id (it expired and was "
-        "initialised again, or this is not the cluster the state was prepared on), so the "
-        "stored transaction's history is gone"
-    )),
-    Rule(3, Verdict.UNKNOWABLE, epochs=frozenset({EpochIs.OLDER}), reason=(
-        "the coordinator holds an older epoch than the stored state: another cluster, or "
-        "a transaction log that lost data"
-    )),
-    Rule(4, Verdict.UNKNOWABLE, epochs=frozenset({EpochIs.SAME}),
-         starts=frozenset({StartIs.EARLIER}), reason=(
-        "the coordinator shows a transaction that started before the stored one: another "
-        "cluster, a transaction log that lost data, or a later transaction stamped by a "
-        "coordinator whose wall clock went back (a clock step, or a move to a broker "
-        "whose clock is behind)"
-    )),
-    Rule(5, Verdict.COMMIT, epochs=frozenset({EpochIs.SAME}), starts=frozenset({StartIs.SAME}),
-         states=frozenset({"Ongoing"}), reason="it is still open under the stored identity"),
-    Rule(6, Verdict.ALREADY_COMMITTED, epochs=frozenset({EpochIs.SAME}),
-         starts=frozenset({StartIs.SAME}), states=COMMIT_STATES,
-         reason="the coordinator shows it committed"),
-    Rule(7, Verdict.DIVERGED, epochs=frozenset({EpochIs.SAME}), starts=frozenset({StartIs.SAME}),
-         states=ABORT_STATES, reason=(
-        "the coordinator shows it aborted under the stored epoch: a producer with this "
-        "transactional id aborted it"
-    )),
-    Rule(8, Verdict.ALREADY_COMMITTED, epochs=frozenset({EpochIs.SAME}),
-         starts=frozenset({StartIs.LATER}), reason=(
-        "a later transaction ran under the same producer id and epoch, so the stored one "
-        "ended before it; it was committed, since a prepared transaction is never aborted "
-        "by this library and Kafka's own aborts (timeout, fencing) bump the epoch"
-    )),
-    Rule(9, Verdict.ALREADY_COMMITTED, epochs=frozenset({EpochIs.NEXT, EpochIs.LATER}),
-         starts=frozenset({StartIs.SAME}), states=COMMIT_STATES,
-         reason="the coordinator shows it committed, under a later epoch"),
-    Rule(10, Verdict.DIVERGED, epochs=frozenset({EpochIs.NEXT, EpochIs.LATER}),
-         starts=frozenset({StartIs.SAME}), states=ABORT_STATES | {"Ongoing"}, reason=(
-        "the coordinator bumped the epoch and aborted it (or is writing that abort, "
-        "showing it Ongoing under the fenced epoch): it outlived transaction.timeout.ms, "
-        "or another producer's init_transactions() fenced it"
-    )),
-    Rule(11, Verdict.ALREADY_COMMITTED, epochs=frozenset({EpochIs.NEXT}),
-         starts=frozenset({StartIs.LATER}), reason=(
-        "a later transaction ran, and then the epoch was bumped once (Kafka timed that "
-        "later transaction out, or librdkafka bumped the epoch when aborting it, KIP-360), "
-        "so the stored one had ended, committed"
-    )),
-    Rule(12, Verdict.UNKNOWABLE, reason=(
-        "the coordinator's history no longer reaches the stored transaction (the epoch "
-        "moved on, e.g. another producer initialised the id, and no transaction since "
-        "tells what became of it): a commit followed by an epoch bump looks the same as "
-        "an abort"
-    )),
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The verdict, why, and the table row that gave it."""
-
-    verdict: Verdict
-    reason: str
-    row: int
-
-
-def _start_is(seen: int, stored: int) -> StartIs:
-    if seen < stored:
-        return StartIs.EARLIER
-    return StartIs.SAME if seen == stored else StartIs.LATER
-
-
-def _epoch_is(seen: int, stored: int) -> EpochIs:
-    if seen < stored:
-        return EpochIs.OLDER
-    if seen == stored:
-        return EpochIs.SAME
-    return EpochIs.NEXT if seen == stored + 1 else EpochIs.LATER
-
-
-def _identity(stored: PreparedTxnState) -> tuple[int, int, int]:
-    p, e, s = stored.producer_id, stored.producer_epoch, stored.txn_start_ms
-    if p is None or e is None or s is None:
-        raise ValueError("a stored state with a producer id, epoch and start time is needed")
-    return p, e, s
-
-
-def decide(stored: PreparedTxnState, seen: TransactionDescription) -> Decision:
-    """The verdict of the table above for ``stored`` given what the coordinator
-    reports. Pure: no I/O, no clock."""
-    p, e, s = _identity(stored)
-    if not seen.found:
-        producer = ProducerIs.NOT_FOUND
-    else:
-        producer = ProducerIs.STORED if seen.producer_id == p else ProducerIs.OTHER
-    facts = (
-        producer,
-        _epoch_is(seen.producer_epoch, e),
-        _start_is(seen.start_time_ms, s),
-        seen.state,
-    )
-    rule = next(r for r in RULES if r.matches(*facts))
-    return Decision(rule.verdict, rule.reason, rule.row)
-
-
-def commit_confirmed(stored: PreparedTxnState, after: TransactionDescription) -> bool:
-    """After a successful EndTxn(commit): whether the coordinator shows the stored
-    transaction itself committed (same producer id and start time, a commit state).
-    Anything else means another producer with the id ran in between, and EndTxn may
-    have committed its transaction instead."""
-    p, e, s = _identity(stored)
-    return (
-        after.found
-        and after.producer_id == p
-        and after.producer_epoch >= e
-        and after.start_time_ms == s
-        and after.state in COMMIT_STATES
-    )
-
-
-def check_belongs(stored: PreparedTxnState, transactional_id: str, cluster_id: str | None) -> None:
-    """Refuse a state written for another transactional id or cluster."""
-    if stored.transactional_id is not None and stored.transactional_id != transactional_id:
-        raise InvalidPreparedStateError(
-            f"the stored state belongs to transactional id {stored.transactional_id!r}, "
-            f"not {transactional_id!r}: read the state row of this producer's id"
-        )
-    if stored.cluster_id and cluster_id and stored.cluster_id != cluster_id:
-        raise InvalidPreparedStateError(
-            f"the stored state was prepared on Kafka cluster {stored.cluster_id!r}, but this "
-            f"producer is connected to cluster {cluster_id!r}: point it at the original cluster"
-        )
 
 
 def _seen(seen: TransactionDescription) -> str:
@@ -406,7 +161,7 @@ def recover(
 ) -> TransactionOutcome:
     """Settle ``stored`` from a fresh process; see the module docstring. A
     ``CoordinatorError`` that survived the client's retries propagates, for
-    ``twophase.coordinator_failure`` to translate."""
+    ``twophase.failures.coordinator_failure`` to translate."""
     tid = client.transactional_id
     check_belongs(stored, tid, cluster_id)  # a foreign state row is refused, even completed
     if stored.is_empty or stored.completed:
@@ -421,7 +176,7 @@ def recover(
             "be told apart from a later transaction under the same producer id and epoch "
             "(librdkafka reuses them): recover from the state prepare_transaction() returned"
         )
-    p, e, s = _identity(stored)
+    p, e, s = stored_identity(stored)
     seen = client.describe()
     decision = decide(stored, seen)
     if decision.verdict is not Verdict.COMMIT:
@@ -474,3 +229,93 @@ def recover(
         extra={"transactional_id": tid, "outcome": "committed"},
     )  # fmt: skip
     return TransactionOutcome.COMMITTED
+
+
+@dataclass
+class Recovered:
+    """What recovery settled in this process, kept until the init after it succeeds:
+    ``complete_transaction()`` called again with the same stored state resumes after
+    recovery instead of running it again (a partial init bumps the epoch, after which
+    the committed transaction could no longer be told from an aborted one)."""
+
+    stored: PreparedTxnState
+    outcome: TransactionOutcome
+    before_init_ran: bool = False
+
+
+class Recovery:
+    """Recovery's steps for one TransactionalProducer, and what the last recovery settled
+    (``recovered``)."""
+
+    def __init__(
+        self,
+        coordinator: CoordinatorCalls,
+        cluster: ClusterId,
+        *,
+        deadline_s: float,
+        metrics: MetricsHook | None,
+    ) -> None:
+        self._coordinator = coordinator
+        self._cluster = cluster
+        self._deadline_s = deadline_s
+        self._metrics = metrics
+        self.recovered: Recovered | None = None
+        """Recovery's result while the init after it has not succeeded."""
+
+    def complete(
+        self,
+        state: PreparedTxnState,
+        before_init: Callable[[TransactionOutcome], None] | None,
+        timeout: float | None,
+        init: Callable[[float | None], None],
+    ) -> TransactionOutcome:
+        """complete_transaction() in RECOVERING: recovery, the hook, the init (``init``,
+        librdkafka's init_transactions()); what a call that failed after recovery had
+        settled the state already did is not done again (``recovered``)."""
+        done = self.recovered
+        if done is None or done.stored != state:
+            with timed(self._metrics, "recovery"):
+                outcome = self.recover(state)
+            done = self.recovered = Recovered(state, outcome)
+        if before_init is not None and not done.before_init_ran:
+            before_init(done.outcome)
+            done.before_init_ran = True
+        try:
+            init(timeout)
+        except TransactionOutcomeUnknownError as exc:
+            budget = self._deadline_s if timeout is None else timeout
+            raise TransactionOutcomeUnknownError(
+                f"complete_transaction(): recovery settled the stored transaction "
+                f"(outcome: {done.outcome.value}), then init_transactions() did not "
+                f"complete within {budget:g}s ({exc.kafka_error.str()}): call "
+                "complete_transaction() again with the same state, which does not recover "
+                "again but only initialises",
+                kafka_error=exc.kafka_error,
+                operation="complete_transaction",
+            ) from root_exception(exc)
+        return done.outcome
+
+    def recover(self, stored: PreparedTxnState) -> TransactionOutcome:
+        """Settle a stored state from a fresh producer, before its init (``recover``)."""
+        cluster_id = self._cluster.require(stored, "complete_transaction")
+        return self._coordinator.call(
+            "complete_transaction",
+            partial(recover, self._coordinator.client, stored, cluster_id),
+            recovering=True,
+        )
+
+    def settle_kept(self, commit: bool) -> None:
+        """commit_transaction()/abort_transaction() right after
+        init_transactions(keep_prepared_txn=True): commit whatever transaction is open
+        for this transactional id (KIP-939 leaves that choice to the caller); an abort
+        needs nothing here, the init that follows aborts what is open."""
+        if not commit:
+            return
+        coordinator = self._coordinator
+        seen = coordinator.call("commit_transaction", coordinator.client.describe, recovering=True)
+        if seen.state == "Ongoing":
+            coordinator.call(
+                "commit_transaction",
+                partial(coordinator.client.end_txn, seen.producer_id, seen.producer_epoch, True),
+                recovering=True,
+            )

@@ -1,0 +1,252 @@
+"""The send path of ``TransactionalProducer`` around its fast path (which stays in
+``produce()``/``send()``, one frame over confluent-kafka's produce()): the serializers,
+the wait for room in a full local queue, records librdkafka or confluent-kafka refuse
+before queuing them, a send a signal interrupted, and the count of sends under way that
+prepare, commit and abort wait for.
+
+A record that never entered librdkafka would not stop librdkafka from committing: each
+such failure is recorded (``Deliveries.record_failure``), so that commit_transaction()
+refuses (KIP-691).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from kafka_txn.classification import classify, produce_failure
+from kafka_txn.errors import (
+    ErrorCategory,
+    IllegalStateError,
+    KafkaTxnError,
+    ProduceFailedException,
+)
+from kafka_txn.producer.delivery import Deliveries
+from kafka_txn.producer.librdkafka import Driver
+
+__all__ = ["Sends", "Serializer"]
+
+Serializer = Callable[[Any, SerializationContext], bytes | None]
+"""A confluent-kafka ``Serializer`` or any callable of the same shape."""
+
+_SEND_NAMES = frozenset({"produce", "send"})
+"""TransactionalProducer's send methods, whose frames hold ``under_way`` as a local."""
+
+_PADDING = 8
+"""Entries ``Sends.under_way`` holds when no send is under way. CPython shrinks a
+list's storage when it falls below half its capacity, so an empty list would free and
+reallocate its storage on every append/pop pair (~40 ns); eight entries keep one
+capacity for up to eight sends under way at once."""
+
+
+class Sends:
+    """The sends of one TransactionalProducer: what its ``produce()``/``send()`` hand on
+    when a record does not go straight into librdkafka, and how many are under way."""
+
+    def __init__(
+        self,
+        *,
+        deliveries: Deliveries,
+        io: Driver,
+        queue_full_timeout: float,
+        key_serializer: Serializer | None,
+        value_serializer: Serializer | None,
+    ) -> None:
+        self._deliveries = deliveries
+        self._io = io
+        self._queue_full_timeout = queue_full_timeout
+        self._key_serializer = key_serializer
+        self._value_serializer = value_serializer
+        # produce()/send() calls under way, for prepare, commit and abort to wait for (see
+        # await_sends): each send appends an entry before its state check and pops one
+        # when it returns. list.append, list.pop and len() are single C calls, atomic
+        # under the GIL; one list costs less per record than a lock or two counters.
+        # The producer appends and pops itself.
+        self.under_way: list[None] = [None] * _PADDING
+
+    def serialize(self, topic: str, key: Any, value: Any, headers: Any) -> tuple[Any, Any]:
+        field = MessageField.KEY
+        try:
+            if self._key_serializer is not None:
+                key = self._key_serializer(key, SerializationContext(topic, field, headers))
+            field = MessageField.VALUE
+            if self._value_serializer is not None:
+                value = self._value_serializer(value, SerializationContext(topic, field, headers))
+        except Exception as exc:
+            code = (
+                KafkaError._KEY_SERIALIZATION
+                if field == MessageField.KEY
+                else KafkaError._VALUE_SERIALIZATION
+            )
+            failure = produce_failure(
+                KafkaError(code, f"{field} serializer failed: {exc!r}"), topic, None, None
+            )
+            self._deliveries.record_failure(failure)
+            raise failure from exc
+        return key, value
+
+    def produce_failed(
+        self,
+        exc: Exception,
+        topic: str,
+        value: Any,
+        key: Any,
+        partition: int,
+        cb: Callable[..., None] | None,
+        timestamp: int,
+        headers: Any,
+    ) -> None:
+        """The slow path of produce()/send(): a record librdkafka refused, arguments of
+        the wrong type, or a full queue, where it serves delivery reports until there is
+        room, like Java's send() blocking up to max.block.ms. A send that close() overtook
+        (another thread's, after its state check) is refused as after close()."""
+        deadline = time.monotonic() + self._queue_full_timeout
+        while isinstance(exc, BufferError):
+            if time.monotonic() >= deadline:
+                err = KafkaError(
+                    KafkaError._QUEUE_FULL,
+                    f"local queue still full after {self._queue_full_timeout:g}s",
+                )
+                failure = produce_failure(err, topic, partition, key)
+                self._deliveries.record_failure(failure)
+                raise failure from None
+            self._io.poll(0.05)
+            try:
+                self._io.produce(topic, value, key, partition, cb, None, timestamp, headers)
+                return
+            except Exception as again:  # dispatched below, like the first failure
+                exc = again
+        if isinstance(exc, IllegalStateError):  # the handle was let go of: Handle.detach
+            raise exc
+        if isinstance(exc, KafkaException):
+            raise self.sync_failure(exc, topic, partition, key) from exc
+        failure = self.refused(exc, topic, value, key, partition)
+        if isinstance(exc, TypeError):
+            raise self.type_error(exc, key, value) from None
+        raise failure from exc
+
+    def sync_failure(
+        self, exc: KafkaException, topic: str, partition: int, key: Any
+    ) -> KafkaTxnError:
+        err = exc.args[0]
+        if classify(err)[0] is ErrorCategory.FATAL or err.code() == KafkaError._FATAL:
+            return self._io.on_call_error(exc, "produce")
+        if err.code() == KafkaError._STATE:
+            # librdkafka's transaction already failed, most likely through a delivery
+            # report not served yet: serve it, so that the real cause is recorded first.
+            self._io.drain()
+        failure = produce_failure(err, topic, partition, key)
+        if err.code() == KafkaError._STATE and self._deliveries.first_failure is not None:
+            failure.message += f"; the transaction already failed: {self._deliveries.first_failure}"
+        # The record never entered librdkafka, so librdkafka would commit without it:
+        # remember it so that commit_transaction() refuses (KIP-691).
+        self._deliveries.record_failure(failure)
+        return failure
+
+    def refused(
+        self, exc: Exception, topic: Any, value: Any, key: Any, partition: Any
+    ) -> ProduceFailedException:
+        """confluent-kafka refused produce()'s arguments with a Python exception before
+        the record was queued: a str it cannot encode as UTF-8 (UnicodeEncodeError, as a
+        str serializer's failure would be), an int out of range (OverflowError), a
+        wrong type (TypeError)... librdkafka never saw the record and would commit
+        without it: it is recorded as a failed record (MESSAGE_REJECTED), so that
+        commit_transaction() refuses (KIP-691), and returned for produce() to raise
+        (from ``exc``); a TypeError is raised as such instead (``type_error``)."""
+        code, what = KafkaError._INVALID_ARG, "produce() arguments rejected by confluent-kafka"
+        if isinstance(exc, UnicodeEncodeError):
+            if _unencodable(topic):
+                what = "topic name is not valid UTF-8"
+            elif _unencodable(value):
+                code, what = KafkaError._VALUE_SERIALIZATION, "value str is not valid UTF-8"
+            elif _unencodable(key):
+                code, what = KafkaError._KEY_SERIALIZATION, "key str is not valid UTF-8"
+        failure = produce_failure(
+            KafkaError(code, f"{what}: {exc!r}"),
+            topic if isinstance(topic, str) else None,
+            partition if isinstance(partition, int) else None,
+            key if isinstance(key, (bytes, str)) else None,
+        )
+        failure.__cause__ = exc
+        self._deliveries.record_failure(failure)
+        return failure
+
+    def type_error(self, exc: TypeError, key: Any, value: Any) -> TypeError:
+        pairs = (("value", value, "value_serializer"), ("key", key, "key_serializer"))
+        for name, obj, option in pairs:
+            if obj is not None and not isinstance(obj, (bytes, str)):
+                return TypeError(
+                    f"{name} must be bytes, str or None, got {type(obj).__name__}: encode it "
+                    f"first or pass {option}=... to TransactionalProducer"
+                )
+        return TypeError(f"produce() arguments rejected by confluent-kafka: {exc}")
+
+    def interrupted(self, exc: BaseException, topic: str, partition: int, key: Any) -> None:
+        """A signal's exception (KeyboardInterrupt...) came out of produce()/send(): it may
+        have come right after librdkafka queued the record, so whether the record is in
+        the transaction is unknown, while the caller was told the send failed (and may
+        send it again). The transaction must not commit: the send counts as a failed
+        record, which commit and prepare report (abort and retry)."""
+        err = KafkaError(
+            KafkaError._INTR,
+            f"{type(exc).__name__} during produce()/send(): the record may have been "
+            "queued though the call raised, so this transaction cannot commit; abort it",
+        )
+        self._deliveries.record_failure(
+            produce_failure(err, topic, partition, key if isinstance(key, (bytes, str)) else None)
+        )
+
+    def _own_sends(self) -> int:
+        """produce()/send() calls of this producer under way on the calling thread
+        itself: a signal handler (SIGTERM calling close()) runs on the main thread
+        between two bytecodes, also inside a send whose librdkafka produce() returned.
+        Those sends cannot return while this thread waits, so they are not waited for:
+        their record is queued already, and the abort (or commit) covers it. Found by
+        walking this thread's frames (no cost per record)."""
+        own = 0
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if (
+                frame.f_code.co_name in _SEND_NAMES
+                and frame.f_locals.get("under_way") is self.under_way
+            ):
+                own += 1
+            frame = frame.f_back
+        return own
+
+    def await_sends(self, deadline: float) -> bool:
+        """Wait until no produce()/send() is under way; False if one still is at
+        ``deadline``. The state is no longer IN_TRANSACTION (preparing, committing,
+        aborting), so a send that starts later is refused. Under the GIL the list's
+        appends, pops and length are sequentially consistent, and a send appends before
+        it reads the state and pops after librdkafka's produce() returned: the length
+        back at its padding proves that at that instant no send had passed its state
+        check unfinished, and every later one reads the new state. (The gap this closes
+        is real even without a serializer: between the state check and librdkafka's
+        enqueue, an allocation may run the garbage collector, whose finalizers are
+        Python code, where the GIL may pass to the thread that prepares.)"""
+        under_way = self.under_way
+        idle = _PADDING + self._own_sends()
+        while True:
+            if len(under_way) <= idle:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0002)
+
+
+def _unencodable(obj: Any) -> bool:
+    """``obj`` is a str that UTF-8 cannot encode (a lone surrogate)."""
+    if not isinstance(obj, str):
+        return False
+    try:
+        obj.encode()
+    except UnicodeEncodeError:
+        return True
+    return False

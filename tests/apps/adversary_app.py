@@ -1,4 +1,4 @@
-"""One dual writer of the adversarial test (tests/adversaries/test_adversarial.py), run as a process
+"""One dual writer of the dual-write soak (tests/dualwrite/test_soak.py), run as a process
 that the test SIGKILLs, SIGSTOPs and restarts on real timers.
 
 It loops forever: each transaction inserts ``--records`` rows with ids unique to this run

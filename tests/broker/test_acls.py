@@ -59,7 +59,7 @@ from kafka_txn import (
 )
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import CoordinatorError, TransactionDescription
-from kafka_txn.twophase.prepare import coordinator_failure
+from kafka_txn.twophase.failures import coordinator_failure
 from tests.support.apache_kafka import ROOT, ApacheKafka, require_java_and_maven
 
 SUPER_USER = "admin"

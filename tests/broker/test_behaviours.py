@@ -57,7 +57,7 @@ from kafka_txn import (
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient, TransactionDescription
 from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from kafka_txn.errors import FailureType
-from kafka_txn.twophase.recovery import Verdict, decide
+from kafka_txn.twophase.decisions import Verdict, decide
 from tests.proxies.kafka_proxy import ApiKey, KafkaProxy, Request
 from tests.support.apache_kafka import ApacheKafka, free_port, require_java_and_maven
 from tests.support.rig import Broker, transaction_version
@@ -441,6 +441,7 @@ def test_kip467_with_one_culprit_every_record_of_the_batch_reports_the_partition
 
 
 # ---------------------------------------------------------------- transaction timeout
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.3")
 def test_a_prepared_transaction_the_coordinator_timed_out_is_divergence(
     timing_out: _Kafka, tid: str, record_property: Callable[[str, object], None]
@@ -486,6 +487,7 @@ def test_a_prepared_transaction_the_coordinator_timed_out_is_divergence(
     assert kafka.rig.read_committed(topic, expected=0, linger=0.5) == []
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.3")
 def test_the_next_unprepared_transaction_timed_out_after_the_stored_one_committed(
     timing_out: _Kafka, tid: str, record_property: Callable[[str, object], None]
@@ -540,6 +542,7 @@ def test_the_next_unprepared_transaction_timed_out_after_the_stored_one_committe
     assert kafka.rig.read_committed(topic, expected=1) == [(None, b"stored")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.3")
 def test_a_timeout_between_recoverys_describe_and_its_end_txn_is_divergence(
     timing_out: _Kafka, tid: str, record_property: Callable[[str, object], None]
@@ -583,6 +586,7 @@ def test_a_timeout_between_recoverys_describe_and_its_end_txn_is_divergence(
 
 
 # ---------------------------------------------------------------- transactional id expiry
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.4")
 def test_an_expired_transactional_id_is_unknowable_also_once_initialised_again(
     apache_kafka: Callable[[str], _Kafka], tid: str, record_property: Callable[[str, object], None]
@@ -660,6 +664,7 @@ def _prepare_wide(config: dict[str, Any], topic: str) -> tuple[
 _ANSWERS = {"NONE", "CONCURRENT_TRANSACTIONS"}
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.7")
 def test_recoverys_end_txn_while_the_markers_of_the_same_commit_are_written(
     slow_markers: _Kafka, tid: str, record_property: Callable[[str, object], None]
@@ -698,6 +703,7 @@ def test_recoverys_end_txn_while_the_markers_of_the_same_commit_are_written(
     assert _values(kafka.rig.read_committed(topic, expected=PARTITIONS)) == values
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.7")
 def test_init_transactions_right_after_recoverys_commit_while_its_markers_are_written(
     slow_markers: _Kafka, tid: str, record_property: Callable[[str, object], None]
@@ -737,6 +743,7 @@ def test_init_transactions_right_after_recoverys_commit_while_its_markers_are_wr
 
 
 # ---------------------------------------------------------------- UNSTABLE_OFFSET_COMMIT
+@pytest.mark.guarantee("6.4")
 def test_exactly_once_loop_waits_out_unstable_offsets_and_rewinds_without_fetching_them(
     kafka: _Kafka, record_property: Callable[[str, object], None]
 ) -> None:

@@ -54,6 +54,7 @@ def test_exception_in_transaction_block_aborts(broker, topic, producer_config):
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.4")
 def test_second_producer_fences_the_first(broker, topic, producer_config):
     first = TransactionalProducer(producer_config)
@@ -244,6 +245,7 @@ def test_record_fields_reach_the_broker_and_futures_resolve(broker, topic, produ
     ]
 
 
+@pytest.mark.adversary
 def test_an_abort_right_after_a_commit_whose_markers_are_still_written_aborts(
     broker, producer_config
 ):

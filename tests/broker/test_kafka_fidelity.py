@@ -161,6 +161,7 @@ def _recover(config: dict[str, Any], state: PreparedTxnState) -> TransactionOutc
 
 
 # ---------------------------------------------------------------- CONCURRENT_TRANSACTIONS
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.7")
 def test_concurrent_transactions_on_recoverys_end_txn_is_retried_until_it_commits(
     broker: Broker, topic: str, producer_config: dict[str, Any], proxy: KafkaProxy
@@ -186,6 +187,7 @@ def test_concurrent_transactions_on_recoverys_end_txn_is_retried_until_it_commit
     producer.close()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.7")
 def test_concurrent_transactions_on_librdkafkas_own_commit_is_retried(
     broker: Broker, topic: str, producer_config: dict[str, Any], proxy: KafkaProxy
@@ -202,6 +204,7 @@ def test_concurrent_transactions_on_librdkafkas_own_commit_is_retried(
 
 
 # ---------------------------------------------------------------- UNSTABLE_OFFSET_COMMIT
+@pytest.mark.guarantee("6.4")
 def test_exactly_once_loop_rewinds_without_fetching_offsets_while_they_are_unstable(
     broker: Broker, proxy: KafkaProxy
 ) -> None:
@@ -254,6 +257,7 @@ def test_exactly_once_loop_rewinds_without_fetching_offsets_while_they_are_unsta
     assert got == sorted(b"v%d" % i for i in range(10))  # each once
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.7")
 def test_concurrent_transactions_on_add_partitions_while_the_last_commit_completes(
     broker: Broker, producer_config: dict[str, Any], proxy: KafkaProxy

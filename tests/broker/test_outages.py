@@ -54,6 +54,8 @@ from kafka_txn.errors import KafkaTxnError
 from tests.support.apache_kafka import FAST_TIMEOUT_ABORTS, running
 from tests.support.rig import OwnKafka
 
+pytestmark = pytest.mark.adversary
+
 _TXN_TIMEOUT_MS = 6000
 """transaction.timeout.ms of the producers here: a long outage is longer than this."""
 _OPERATION_TIMEOUT_S = 2.0

@@ -79,16 +79,16 @@ from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from tests.apps.crash_app import _db as crash_app_db
 from tests.apps.crash_app import store_state, stored_state
 from tests.apps.dualwrite_app import events_table
-from tests.eos.test_eos import _committed, _positions_after_last_record, _seed
 from tests.support.apache_kafka import START_TIMEOUT_S, ApacheKafka, require_java_and_maven
 from tests.support.databases import drop_tables
+from tests.support.eos_topics import committed_offsets, positions_after_last_record, seed_topic
 from tests.support.rig import OwnKafka
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 # Apache Kafka only, with a broker of its own restarted a few dozen times: `make test`
 # runs it, the conformance matrix's other brokers do not (-m "conformance and not slow").
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.adversary]
 
 # How the broker is taken down: a crash, or an operator's controlled shutdown.
 KILL, TERMINATE = "SIGKILL", "SIGTERM"
@@ -613,7 +613,7 @@ def _offsets(kafka: _Kafka, group: str, topic: str) -> dict[int, int] | None:
     """The group's committed offsets of the two partitions of ``topic``; None while the
     broker cannot answer."""
     try:
-        return _committed(kafka.broker, group, topic, 2)
+        return committed_offsets(kafka.broker, group, topic, 2)
     except KafkaException:
         return None
 
@@ -636,8 +636,8 @@ def test_exactly_once_processor_with_the_broker_going_down_at_random_moments(
     open (ListTransactions, last stable offset = high watermark)."""
     source, sink = kafka.broker.create_topic(2), kafka.broker.create_topic(2)
     inputs = [b"in-%04d" % i for i in range(_INPUTS)]
-    _seed(kafka.broker, source, inputs)
-    ends = _positions_after_last_record(kafka.broker, source, _INPUTS)
+    seed_topic(kafka.broker, source, inputs)
+    ends = positions_after_last_record(kafka.broker, source, _INPUTS)
     group, txn_id = f"g-{uuid.uuid4().hex[:8]}", f"restart-eos-{uuid.uuid4().hex[:8]}"
     at = sorted(rng.sample(range(10, _INPUTS - 40), 2))
     pauses = [rng.uniform(0.0, 1.5) for _ in at]
@@ -703,5 +703,5 @@ def test_exactly_once_processor_with_the_broker_going_down_at_random_moments(
         f"twice or more {sorted(v for v, n in outputs.items() if n > 1)}; runs stopped by "
         f"{stopped_by!r}"
     )
-    assert _committed(kafka.broker, group, source, 2) == ends, why
+    assert committed_offsets(kafka.broker, group, source, 2) == ends, why
     _assert_nothing_open(kafka, [sink], {txn_id}, why)

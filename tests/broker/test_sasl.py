@@ -41,11 +41,11 @@ from sqlalchemy import create_engine, text
 from kafka_txn import FatalError, TransactionOutcome
 from kafka_txn.classification import AUTHENTICATION_CODES, exception_for
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
-from kafka_txn.coordinator.connection import ProtocolError, SaslAuthenticationError
+from kafka_txn.coordinator.errors import ProtocolError, SaslAuthenticationError
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import TransactionOutcomeUnknownError
-from kafka_txn.twophase.prepare import coordinator_failure
+from kafka_txn.twophase.failures import coordinator_failure
 from tests.broker import test_acls as acls
 from tests.broker.test_acls import (
     MECHANISM,
@@ -155,7 +155,7 @@ def recover(config: dict[str, Any], stored: str, timeout: float = 20.0) -> dict[
 
 
 def kafka_txn(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The ``kafka-txn`` console script, as ``python -m kafka_txn.cli.main``."""
+    """The ``kafka-txn`` console script, as ``python -m kafka_txn.cli``."""
     return subprocess.run(
         [sys.executable, "-m", "kafka_txn.cli", *argv],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False,
@@ -183,7 +183,7 @@ def test_recovery_with_a_refused_login_is_a_fatal_error_at_once_and_settles_noth
     """The doc's row "the broker refuses our ... credentials": a ``FatalError``
     (``_AUTHENTICATION``) with the broker's reason and the settings to fix, well within
     ``operation_timeout``, and the prepared transaction still open as it was. Recovery
-    first reads the cluster id through librdkafka (``TwoPhase.require_cluster``), which
+    first reads the cluster id through librdkafka (``ClusterId.require``), which
     hears of the refusal only through error_cb; an abort decision (the stored state
     ``""``) does too, before the init that would abort. The producer stays recovering.
     With the right settings, a fresh process then settles the transaction as decided."""

@@ -1,5 +1,5 @@
 """Recovery's decision rows that compare transaction start times (rows 4, 8 and 11 of the
-table in docs/guide/two-phase-commit.md, ``kafka_txn.twophase.recovery.decide``) on an
+table in docs/guide/two-phase-commit.md, ``kafka_txn.twophase.decisions.decide``) on an
 Apache Kafka 4.4 coordinator that restarts between two transactions: a clean restart
 (``ApacheKafka.restart()``, SIGTERM) and a crash (``kill()``, SIGKILL, then ``start()``).
 
@@ -39,9 +39,11 @@ from kafka_txn import (
 )
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient, TransactionDescription
 from kafka_txn.testing import FaultProxy
-from kafka_txn.twophase.recovery import Verdict, decide
+from kafka_txn.twophase.decisions import Verdict, decide
 from tests.support.apache_kafka import FAST_TIMEOUT_ABORTS, running
 from tests.support.rig import OwnKafka
+
+pytestmark = pytest.mark.adversary
 
 # How a test takes the coordinator down and up again between two transactions.
 RESTARTS = ["restart", "kill"]

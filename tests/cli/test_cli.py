@@ -34,16 +34,19 @@ from kafka_txn import (
     TransactionOutcomeUnknowableError,
 )
 from kafka_txn.cli.database import open_database, read_state_row
-from kafka_txn.cli.main import _CommandError, _kafka_settings, _parser, _settle, main
+from kafka_txn.cli.exits import CommandError
+from kafka_txn.cli.main import _parser, main
+from kafka_txn.cli.recover import settle
+from kafka_txn.cli.settings import kafka_settings
 from kafka_txn.cli.terminal import Deadline
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.twophase.recovery import TransactionOutcome
 from tests.apps.dualwrite_app import events_table
-from tests.dualwrite.test_writer import Scenario, _diverged
 from tests.proxies.secure_proxy import SecureProxy
 from tests.support.certificates import make_certificates
+from tests.support.dual_writes import Scenario, diverged
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXE = shutil.which("kafka-txn") or str(Path(sys.executable).parent / "kafka-txn")
@@ -327,6 +330,7 @@ def test_force_terminate_asks_before_fencing_a_live_producer(broker, capsys, txn
     assert broker.read_committed(topic, expected=1) == [(None, b"open")]
 
 
+@pytest.mark.adversary
 @pytest.mark.broker
 def test_force_terminate_refuses_when_the_transaction_changed_while_it_asked(broker, txn_id):
     """The question is about one transaction; while it is open, its producer commits and
@@ -380,6 +384,7 @@ def test_force_terminate_of_an_old_idle_id_needs_no_confirmation(broker, capsys,
     assert "was Empty" in out and "no transaction was open" in out
 
 
+@pytest.mark.adversary
 @pytest.mark.broker
 def test_force_terminate_with_a_hung_broker_says_what_may_have_happened(broker, txn_id):
     """The broker answers DescribeTransactions but never InitProducerId (the fence): one
@@ -439,6 +444,7 @@ def test_librdkafka_debug_stays_off_stderr_without_verbose(broker, command, txn_
 
 
 # ---------------------------------------------------------------------- recover
+@pytest.mark.adversary
 @pytest.mark.broker
 def test_recover_settles_a_crashed_dual_write_once_confirmed(broker, capsys, jdbc_url):
     s = Scenario(broker, jdbc_url)
@@ -485,7 +491,7 @@ def test_recover_that_cannot_settle_tells_a_command_line_user_what_to_do(
     run as printed, lets the writer start again (it is the compare-and-set resolve()
     runs: a second run changes nothing), and recover then finds nothing to commit."""
     if verdict == "diverged":
-        topic, _, conf, _ = _diverged(broker, jdbc_url, txn_id)
+        topic, _, conf, _ = diverged(broker, jdbc_url, txn_id)
     else:
         s = Scenario(broker, jdbc_url)
         assert s.run("--batch", "0", "--crash-at", "after_db_commit").returncode == -9
@@ -551,6 +557,7 @@ def test_recover_asks_on_a_terminal(broker, tmp_path):
     s.assert_equal_sides(4)
 
 
+@pytest.mark.adversary
 @pytest.mark.broker
 def test_recover_refuses_when_the_id_changed_hands_while_it_asked(broker, jdbc_url):
     """The question is about a crashed writer; while it is open, a new writer starts on
@@ -585,6 +592,7 @@ def test_recover_refuses_when_the_id_changed_hands_while_it_asked(broker, jdbc_u
     s.assert_equal_sides(4)  # the crashed transaction: committed, by the newcomer
 
 
+@pytest.mark.adversary
 @pytest.mark.broker
 def test_recover_checks_the_state_row_again_under_its_lock(broker, jdbc_url, txn_id):
     """The last check, inside the DualWriter's start() under the state-row lock, before
@@ -602,8 +610,8 @@ def test_recover_checks_the_state_row_again_under_its_lock(broker, jdbc_url, txn
             args = _parser().parse_args(["recover", "--bootstrap-servers",
                                          broker.bootstrap_servers, "--jdbc-url", jdbc_url,
                                          "--transactional-id", txn_id])  # fmt: skip
-            with pytest.raises(_CommandError) as info:
-                _settle(_kafka_settings(args), engine, args, Deadline(30), checked)
+            with pytest.raises(CommandError) as info:
+                settle(kafka_settings(args), engine, args, Deadline(30), checked)
             assert info.value.code == 3
             assert "changed hands before recover could lock its state row" in str(info.value)
             assert newcomer.owner in str(info.value) and "Nothing was done" in str(info.value)
@@ -659,6 +667,7 @@ def test_recover_of_an_old_row_owned_on_another_host_does_not_ask(broker, capsys
     assert out.startswith(f"{txn_id}: ") and err == ""
 
 
+@pytest.mark.adversary
 @pytest.mark.broker
 def test_recover_with_a_hung_broker_says_what_may_have_happened(broker, tmp_path):
     """The broker never answers InitProducerId, the fence after recovery: one line saying
@@ -711,6 +720,7 @@ def test_recover_with_a_state_table_older_than_the_owner_column(broker, jdbc_url
         engine.dispose()
 
 
+@pytest.mark.adversary
 @pytest.mark.broker
 def test_recover_does_not_fence_a_live_writer_mid_transaction(broker, jdbc_url, capsys, txn_id):
     """A DualWriter mid-transaction in another thread: recover without --yes and without a
@@ -1022,9 +1032,7 @@ def test_progress_on_a_terminal_and_verbose_logs():
     assert verbose.returncode == 1
     lines = verbose.stderr.strip().splitlines()
     assert len(lines) > 1
-    assert any(
-        "INFO kafka_txn.cli.main: waiting for the transaction coordinator" in x for x in lines
-    )
+    assert any("INFO kafka_txn.cli: waiting for the transaction coordinator" in x for x in lines)
     assert lines[-1].startswith("kafka-txn: error: ")
 
 

@@ -33,7 +33,7 @@ from kafka_txn import (
 )
 from kafka_txn._docs import update_docs
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
-from kafka_txn.coordinator.connection import AuthenticationError, NotKafkaError, ProtocolError
+from kafka_txn.coordinator.errors import AuthenticationError, NotKafkaError, ProtocolError
 from kafka_txn.coordinator.foreign import describe_answer
 from kafka_txn.coordinator.oauthbearer import (
     OAuthBearerError,
@@ -47,7 +47,7 @@ from kafka_txn.coordinator.security import (
     render_markdown,
 )
 from kafka_txn.testing import librdkafka_path
-from kafka_txn.twophase.prepare import coordinator_failure
+from kafka_txn.twophase.failures import coordinator_failure
 from tests.proxies.secure_proxy import SASL_AUTHENTICATE, SaslPolicy, SecureProxy
 from tests.support.certificates import Certificates, make_certificates
 

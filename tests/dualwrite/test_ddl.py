@@ -20,7 +20,10 @@ from sqlalchemy.exc import DBAPIError
 
 from kafka_txn.dualwrite import ddl as _ddl
 from kafka_txn.dualwrite.ddl import add_column_if_missing, create_table_if_missing
-from kafka_txn.dualwrite.writer import DualWriter, engine_for
+from kafka_txn.dualwrite.engine import engine_for
+from kafka_txn.dualwrite.writer import DualWriter
+
+pytestmark = pytest.mark.adversary
 
 THREADS = 16
 PROCESSES = 4

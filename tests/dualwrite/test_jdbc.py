@@ -23,9 +23,10 @@ from sqlalchemy import Column, Integer, MetaData, Table, create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from kafka_txn import ConfigurationError
+from kafka_txn.dualwrite.engine import engine_for
 from kafka_txn.dualwrite.jdbc.params import CHARSETS
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy, redact_jdbc_url
-from kafka_txn.dualwrite.writer import DualWriter, engine_for
+from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.spark.options import SinkOptions
 from tests.proxies.pg_proxy import PostgresProxy
 

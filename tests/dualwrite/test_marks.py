@@ -30,7 +30,7 @@ from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
 from tests.support.rig import Broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.adversary]
 
 
 def _describe(broker: Broker, txn_id: str) -> TransactionDescription:

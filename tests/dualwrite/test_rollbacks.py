@@ -26,6 +26,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import TransactionAbortableError
+from kafka_txn.spark.settle import shared_engine
+from tests.support.adversaries import both_sides
 from tests.support.databases import sqlite_jdbc
 from tests.support.rig import Broker
 
@@ -194,6 +196,7 @@ def _wait_until_waiting(engine: Engine, thread_id: int) -> None:
     raise AssertionError("the other session never waited for the lock")
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.2")
 def test_mariadb_deadlock_caught_by_the_body_commits_nothing(
     broker: Broker, mariadb_jdbc: str, writer_for: Any, events: Table
@@ -249,6 +252,7 @@ def test_mariadb_deadlock_caught_by_the_body_commits_nothing(
         other.dispose()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.2")
 def test_mariadb_lock_wait_timeout_caught_by_the_body_commits_the_rest(
     broker: Broker, mariadb_jdbc: str, writer_for: Any, events: Table
@@ -284,3 +288,56 @@ def test_mariadb_lock_wait_timeout_caught_by_the_body_commits_the_rest(
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {locks}")
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {heavy}")
         other.dispose()
+
+
+@pytest.mark.adversary
+def test_sqlite_whole_rollback_caught_by_one_of_two_writers_sharing_an_engine(
+    broker: Broker, tmp_path: Any, events: Table
+) -> None:
+    """Two writers on one engine and one pooled SQLite connection, as a Python worker's
+    kept writers share theirs, each with its RollbackWatch on that engine: B's body
+    catches an error after which SQLite rolled the whole transaction back (a trigger's
+    RAISE(ROLLBACK)) and goes on. B's transaction fails with TransactionAbortableError;
+    A, run just before on the same connection, neither takes that error for its own nor
+    hides it from B, and goes on (4.2)."""
+    topic = broker.create_topic()
+    base = create_engine(f"sqlite:///{tmp_path / 'shared.sqlite'}", pool_size=1, max_overflow=0)
+    engine = shared_engine(base)
+    events.metadata.create_all(base)
+    with base.begin() as conn:
+        conn.exec_driver_sql(
+            f"CREATE TRIGGER no_bad BEFORE INSERT ON {events.name} "
+            "WHEN NEW.value = 'bad' BEGIN SELECT RAISE(ROLLBACK, 'bad row'); END"
+        )
+    state = f"rb_state_{uuid.uuid4().hex[:10]}"
+    ids = [f"rb-a-{uuid.uuid4().hex[:8]}", f"rb-b-{uuid.uuid4().hex[:8]}"]
+    a, b = (
+        DualWriter(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": tid},
+            engine,
+            state_table=state,
+        )
+        for tid in ids
+    )
+    try:
+        a.start()
+        b.start()
+        with a.transaction() as tx:
+            tx.connection.execute(events.insert(), {"id": 1, "value": "a1"})
+            tx.produce(topic, b"a1")
+        with pytest.raises(TransactionAbortableError), b.transaction() as tx:
+            tx.connection.execute(events.insert(), {"id": 2, "value": "b2"})
+            tx.produce(topic, b"b2")
+            with contextlib.suppress(DBAPIError):  # skip the bad row, go on
+                tx.connection.execute(events.insert(), {"id": 3, "value": "bad"})
+            tx.connection.execute(events.insert(), {"id": 4, "value": "b4"})
+            tx.produce(topic, b"b4")
+        with a.transaction() as tx:  # A goes on, its own transactions unaffected
+            tx.connection.execute(events.insert(), {"id": 5, "value": "a5"})
+            tx.produce(topic, b"a5")
+        in_db, in_kafka = both_sides(broker, base, events, topic, linger=2.0)
+        assert in_db == in_kafka == ["a1", "a5"]
+    finally:
+        a.close()
+        b.close()
+        base.dispose()

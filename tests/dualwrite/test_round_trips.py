@@ -295,6 +295,7 @@ def _values(engine: Engine, events: Table) -> list[str]:
         return list(conn.execute(select(events.c.value).order_by(events.c.id)).scalars())
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.14")
 def test_a_session_ended_after_postgresql_answered_commit_is_a_commit_on_both_sides(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
@@ -327,6 +328,7 @@ def test_a_session_ended_after_postgresql_answered_commit_is_a_commit_on_both_si
     assert values == [b"after", b"before", b"kept"]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.14")
 def test_a_session_ended_in_place_of_the_commits_answer_is_unknown_never_aborted(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
@@ -361,6 +363,7 @@ def test_a_session_ended_in_place_of_the_commits_answer_is_unknown_never_aborted
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.14")
 def test_a_session_ended_at_begin_and_lock_is_an_sqlalchemy_error_and_the_writer_goes_on(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table
@@ -389,6 +392,7 @@ def test_a_session_ended_at_begin_and_lock_is_an_sqlalchemy_error_and_the_writer
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.14")
 def test_a_pooled_session_ended_between_transactions_is_an_sqlalchemy_error(
     broker: Broker, postgres_jdbc: str, txn_id: str, events: Table

@@ -30,6 +30,8 @@ from kafka_txn.errors import (
 )
 from tests.support.rig import Broker
 
+pytestmark = pytest.mark.adversary
+
 
 def _names() -> tuple[str, str]:
     suffix = uuid.uuid4().hex[:10]

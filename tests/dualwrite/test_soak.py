@@ -63,7 +63,7 @@ from tests.apps.adversary_app import data_table
 from tests.support.rig import Broker
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.adversary]
 
 SEED = int(os.environ.get("KAFKA_TXN_ADVERSARY_SEED", "90009"))
 SECONDS = float(os.environ.get("KAFKA_TXN_SOAK_SECONDS", "25"))
@@ -457,6 +457,8 @@ _FROZEN_START_SIGNATURE = (
 def test_dual_writers_under_an_adversary_never_diverge(
     broker: Broker, proxy: FaultProxy, database: Database, adversary: Adversary
 ) -> None:
+    """The soak of the module docstring on one database: the rows equal the records, each
+    once, nothing acknowledged is lost, and the adversary did act."""
     print(f"adversary seed={SEED} seconds={SECONDS:g} database={database.name}")
     where = f"(KAFKA_TXN_ADVERSARY_SEED={SEED} replays the schedule; database={database.name})"
     try:

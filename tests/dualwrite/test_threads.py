@@ -7,12 +7,14 @@ independent read_committed consumer (kafka-python) sees, each once."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from typing import Any
 
 import pytest
 from sqlalchemy import Table, create_engine, select
+from sqlalchemy.pool import StaticPool
 
 from kafka_txn import (
     IllegalStateError,
@@ -23,8 +25,10 @@ from kafka_txn import (
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
 from tests.apps.dualwrite_app import events_table
+from tests.support.adversaries import both_sides
+from tests.support.databases import id_value_table, unique_name
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.adversary]
 
 
 class Interrupted(BaseException):
@@ -173,3 +177,51 @@ def test_an_interruption_after_the_database_commit_stops_the_writer(broker, jdbc
     finally:
         successor.close()
     assert _assert_equal_sides(broker, jdbc_url, events, topic) == ["decided"]
+
+
+# close() from another thread while a transaction runs, on an engine of one connection
+# (StaticPool: SQLAlchemy's recipe for sharing one SQLite connection between threads).
+# dual-write.md / DualWriter.close(): "A transaction in flight aborts". close() is not
+# serialized with transaction() (only start() and transaction() are, 4.13): it stores the
+# last commit's completion mark through the pool's one connection, which is the one the
+# running transaction holds, so a COMMIT of that mark must not commit the running
+# transaction's rows while its Kafka transaction aborts and the caller is told it failed
+# (4.2: "rolls back both").
+
+
+@pytest.mark.guarantee("4.2")
+def test_close_from_another_thread_on_a_one_connection_pool_commits_nothing(
+    broker: Any, tmp_path: Any, txn_id: str
+) -> None:
+    """A shutdown handler's close() in another thread, mid-transaction, on a pool of one
+    SQLite connection: the database and Kafka hold the same rows."""
+    topic = broker.create_topic()
+    events = id_value_table(unique_name("events"))
+    path = tmp_path / "one.sqlite"
+    engine = create_engine(
+        f"sqlite:///{path}", poolclass=StaticPool, connect_args={"check_same_thread": False}
+    )
+    writer = DualWriter(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id},
+        engine,
+        state_table=unique_name("state"),
+    )
+    events.metadata.create_all(engine)
+    writer.start()
+    with writer.transaction() as tx:
+        tx.connection.execute(events.insert(), {"id": 1, "value": "one"})
+        tx.produce(topic, b"one")
+    closer = threading.Thread(target=writer.close)
+    with contextlib.suppress(Exception), writer.transaction() as tx:
+        tx.connection.execute(events.insert(), {"id": 2, "value": "two"})
+        tx.produce(topic, b"two")
+        closer.start()  # a shutdown handler, say
+        closer.join(timeout=30)  # (a close() that waits for the transaction goes on after)
+        tx.produce(topic, b"two, more")  # the producer is closed: the body fails
+    closer.join(timeout=120)
+    checker = create_engine(f"sqlite:///{path}")
+    try:
+        in_db, in_kafka = both_sides(broker, checker, events, topic, expected=1, linger=2.0)
+        assert in_db == in_kafka, (in_db, in_kafka)
+    finally:
+        checker.dispose()

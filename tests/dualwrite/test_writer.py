@@ -38,56 +38,23 @@ from kafka_txn import (
 from kafka_txn.cli.local_broker import LocalBroker
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import TransactionDescription
-from kafka_txn.dualwrite import writer as dualwrite_module
+from kafka_txn.dualwrite import state_table as state_table_module
+from kafka_txn.dualwrite.engine import validate_identifier
 from kafka_txn.dualwrite.exact_ids import exact_string
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
-from kafka_txn.dualwrite.writer import STEPS, DualWriter, validate_identifier
+from kafka_txn.dualwrite.writer import STEPS, DualWriter
 from kafka_txn.testing import ApiKey, FaultProxy
 from tests.apps.dualwrite_app import events_table
 from tests.proxies.pg_proxy import PostgresProxy
+from tests.support.adversaries import stand_in_describe
+from tests.support.dual_writes import Scenario, diverged
 from tests.support.rig import Broker, freeze
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 pytestmark = pytest.mark.broker
 
 
-class Scenario:
-    """One topic, transactional id, events table and database, and the app around them."""
-
-    def __init__(self, broker, jdbc_url: str) -> None:
-        self.broker = broker
-        self.jdbc_url = jdbc_url
-        self.topic = broker.create_topic(partitions=2)
-        suffix = uuid.uuid4().hex[:10]
-        self.txn_id = f"dw-{suffix}"
-        self.table = f"events_{suffix}"
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "apps" / "dualwrite_app.py"),
-             "--jdbc-url", self.jdbc_url, "--bootstrap-servers", self.broker.bootstrap_servers,
-             "--topic", self.topic, "--transactional-id", self.txn_id,
-             "--events-table", self.table, *args],
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True, text=True, timeout=180, check=False,
-        )  # fmt: skip
-
-    def rows(self) -> list[bytes]:
-        engine = create_engine(jdbc_to_sqlalchemy(self.jdbc_url))
-        try:
-            with engine.connect() as conn:
-                values = conn.execute(select(events_table(self.table).c.value)).scalars()
-                return sorted(v.encode() for v in values)
-        finally:
-            engine.dispose()
-
-    def assert_equal_sides(self, expected: int) -> None:
-        rows = self.rows()
-        assert len(rows) == expected
-        kafka = sorted(v for _, v in self.broker.read_committed(self.topic, expected=expected))
-        assert kafka == rows
-
-
+@pytest.mark.adversary
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.guarantee("3.1", "4.1")
 def test_killed_at_every_step_then_recovered(broker, jdbc_url, step):
@@ -111,6 +78,7 @@ def test_killed_at_every_step_then_recovered(broker, jdbc_url, step):
     s.assert_equal_sides(12 if committed else 8)
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.4")
 def test_two_writers_with_one_transactional_id(broker, jdbc_url, tmp_path):
     """A second writer starts while the first is provably still at work: the first has
@@ -178,6 +146,7 @@ def _describe(broker: Broker, txn_id: str) -> TransactionDescription:
         return client.describe()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.3")
 def test_lost_connection_during_commit_never_aborts_kafka_blindly(broker, postgres_jdbc, txn_id):
     """The database connection dies at COMMIT (its backend terminated before the COMMIT
@@ -219,6 +188,7 @@ def test_lost_connection_during_commit_never_aborts_kafka_blindly(broker, postgr
     assert broker.read_committed(topic, expected=0) == []  # ... and not visible: aborted
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.3")
 def test_commit_whose_reply_is_lost_is_committed_by_the_next_start(broker, postgres_jdbc, txn_id):
     """PostgreSQL commits, and the connection drops before its answer reaches the writer
@@ -334,22 +304,7 @@ def _bump_epoch(conf: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- scenario 3: in doubt
-def _stand_in_describe(producer: TransactionalProducer) -> None:
-    """librdkafka's mock cluster has no DescribeTransactions, which prepare needs: answer
-    it as Apache Kafka would for the producer's own open transaction (as in
-    test_prepare_adversaries.py), so that librdkafka's real EndTxn handling is driven."""
-    twophase = producer._twophase
-    assert twophase is not None
-
-    def describe() -> TransactionDescription:
-        pid, epoch = twophase.identity.identity or (-1, -1)
-        return TransactionDescription(
-            producer.transactional_id, "Ongoing", pid, epoch, 60_000, int(time.time() * 1000)
-        )
-
-    twophase.client.describe = describe  # type: ignore[method-assign]
-
-
+@pytest.mark.adversary
 @pytest.mark.mock
 @pytest.mark.parametrize(
     "codes",
@@ -390,7 +345,7 @@ def test_kafka_commit_failing_after_the_database_commit_is_never_aborted(
     producer.abort_transaction = recording_abort  # type: ignore[method-assign]
     producer._io.release = recording_release  # type: ignore[method-assign]
     with pytest.raises(TransactionInDoubtError) as caught, writer:
-        _stand_in_describe(producer)
+        stand_in_describe(producer)
         mock_cluster.push_request_errors(ApiKey.END_TXN, *codes)
         _write(writer, events, "t", "decided")
     message = str(caught.value)
@@ -410,6 +365,7 @@ def test_kafka_commit_failing_after_the_database_commit_is_never_aborted(
         engine.dispose()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.6")
 def test_kafka_commit_failing_after_the_database_commit_is_recovered(jdbc_url):
     """The same on a real broker (a private one: the test freezes it with SIGSTOP right
@@ -456,6 +412,7 @@ def test_kafka_commit_failing_after_the_database_commit_is_recovered(jdbc_url):
 
 
 # ---------------------------------------------------------------- scenario 4: completed
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.7")
 def test_committed_state_is_marked_completed_before_an_abort(broker, jdbc_url, txn_id):
     """An abort may bump the epoch (KIP-360), after which recovery could no longer tell
@@ -488,6 +445,7 @@ def test_committed_state_is_marked_completed_before_an_abort(broker, jdbc_url, t
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.7")
 def test_close_marks_the_last_commit_completed_so_an_epoch_bump_is_harmless(
     broker, jdbc_url, txn_id
@@ -551,6 +509,7 @@ def test_commit_is_marked_completed_soon_after_without_another_transaction(
     assert broker.read_committed(topic, expected=1) == [(None, b"idle")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.7")
 def test_marking_completed_never_overwrites_a_newer_state(broker, jdbc_url, txn_id):
     """The deferred mark is a compare-and-set on the committed state: if the row holds
@@ -598,6 +557,7 @@ def test_the_happy_path_adds_no_statement_for_the_mark(broker, jdbc_url, txn_id)
 
 
 # ---------------------------------------------------------------- scenario 6: start again
+@pytest.mark.adversary
 @pytest.mark.mock
 @pytest.mark.guarantee("4.8")
 def test_start_can_be_called_again_after_init_could_not_reach_the_coordinator(
@@ -632,6 +592,7 @@ def _heal(proxy: FaultProxy) -> None:
         proxy._faults.clear()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.8")
 def test_start_can_be_called_again_after_recovery_could_not_reach_the_coordinator(
     broker, jdbc_url, txn_id
@@ -687,6 +648,7 @@ def _old_state_table(jdbc_url: str, name: str) -> None:
         engine.dispose()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.10")
 def test_state_table_without_owner_column_is_upgraded_by_racing_writers(
     broker, jdbc_url, txn_id, monkeypatch
@@ -701,7 +663,7 @@ def test_state_table_without_owner_column_is_upgraded_by_racing_writers(
         DualWriter(conf, jdbc_url, state_table=name, create_state_table=False).start()
     # The loser's path, made certain: it saw no owner column, but the winner has just
     # added it, so its ALTER TABLE fails with a duplicate column.
-    real_inspect = dualwrite_module.inspect
+    real_inspect = state_table_module.inspect
 
     class Stale:
         def __init__(self, engine: Any) -> None:
@@ -714,7 +676,7 @@ def test_state_table_without_owner_column_is_upgraded_by_racing_writers(
     loser = DualWriter(conf, jdbc_url, state_table=name)
     try:
         winner.start()
-        monkeypatch.setattr(dualwrite_module, "inspect", Stale)
+        monkeypatch.setattr(state_table_module, "inspect", Stale)
         assert loser.start() is TransactionOutcome.NOTHING_TO_COMMIT
     finally:
         winner.close()
@@ -771,47 +733,9 @@ def test_unsupported_database_and_missing_driver_are_clear(broker):
 
 
 # ---------------------------------------------------------------- resolving a divergence
-def _diverged(
-    broker: Any, jdbc_url: str, txn_id: str
-) -> tuple[str, Table, dict[str, Any], PreparedTxnState]:
-    """The writer's recipe, with Kafka aborting after the database decided: the row
-    ``lost`` is in the database, not in Kafka. On Apache Kafka the coordinator aborts it
-    as it does in production: the transaction outlives its transaction.timeout.ms
-    (``TransactionCoordinator.abortTimedOutTransactions`` bumps the epoch and aborts).
-    noida-db times no transaction out: there the prepared producer aborts it itself,
-    under the stored epoch (a divergence only a caller aborting after the database
-    committed can make)."""
-    topic = broker.create_topic()
-    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
-    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
-    timed_out = broker.kind != "noida"
-    short = {**conf, "transaction.timeout.ms": 4000} if timed_out else conf
-    writer = DualWriter(short, jdbc_url, mark_completed_after=None)
-    events.create(writer.engine, checkfirst=True)
-    writer.start()
-    writer.producer.begin_transaction()
-    writer.producer.produce(topic, b"lost")
-    state = writer.producer.prepare_transaction()
-    with writer.engine.begin() as conn:
-        conn.execute(events.insert(), [{"batch": 0, "value": "lost"}])
-        conn.execute(
-            writer.state_table.update()
-            .where(writer.state_table.c.transactional_id == txn_id)
-            .values(prepared_txn_state=str(state))
-        )
-    if timed_out:
-        writer.close()  # leaves the prepared transaction to the coordinator's timeout
-        deadline = time.monotonic() + 60
-        while broker.open_partitions(topic):
-            assert time.monotonic() < deadline, "the coordinator did not abort it in 60 s"
-            time.sleep(0.25)
-    else:
-        writer.producer.abort_transaction()
-        writer.close()
-    return topic, events, conf, state
 
 
-# noida-db times no transaction out, so there _diverged() makes the divergence with the
+# noida-db times no transaction out, so there diverged() makes the divergence with the
 # producer's own abort under the stored epoch: docs/guarantees.md, "not guaranteed".
 _CALLER_MADE_DIVERGENCE = pytest.mark.xfail(
     strict=True,
@@ -822,6 +746,7 @@ _CALLER_MADE_DIVERGENCE = pytest.mark.xfail(
 )
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.12")
 def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_url, txn_id):
     """The database committed a transaction that Kafka aborted (as when the coordinator
@@ -830,7 +755,7 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
     replacing the stored state; the database rows equal what a read_committed consumer
     sees, each once. resolve() with any other state than the one start() reported is
     refused and changes nothing."""
-    topic, events, conf, state = _diverged(broker, jdbc_url, txn_id)
+    topic, events, conf, state = diverged(broker, jdbc_url, txn_id)
     successor = DualWriter(conf, jdbc_url)
     try:
         for _ in range(2):  # it stays diverged until resolved
@@ -862,6 +787,7 @@ def test_a_divergence_is_resolved_by_hand_then_the_writer_goes_on(broker, jdbc_u
         engine.dispose()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.12")
 def test_a_writer_stopped_between_resolve_and_the_resend_leaves_the_divergence_reported(
     broker, jdbc_url, txn_id, request
@@ -873,7 +799,7 @@ def test_a_writer_stopped_between_resolve_and_the_resend_leaves_the_divergence_r
     equal to what a read_committed consumer sees."""
     if broker.kind == "noida":
         request.applymarker(_CALLER_MADE_DIVERGENCE)
-    topic, events, conf, state = _diverged(broker, jdbc_url, txn_id)
+    topic, events, conf, state = diverged(broker, jdbc_url, txn_id)
     first = DualWriter(conf, jdbc_url)
     try:
         with pytest.raises(TransactionDivergedError) as caught:
@@ -944,12 +870,13 @@ def test_a_state_column_too_short_for_the_states_is_refused_at_start(
         engine.dispose()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("4.12")
 def test_resolve_refuses_once_a_newer_writer_moved_the_row_on(broker, jdbc_url, txn_id):
     """Two writers both see the divergence; one resolves it and writes its next
     transaction. The other's resolve() of the old state is refused (the row holds the
     newer transaction's state) and changes nothing."""
-    topic, events, conf, state = _diverged(broker, jdbc_url, txn_id)
+    topic, events, conf, state = diverged(broker, jdbc_url, txn_id)
     slow, fast = DualWriter(conf, jdbc_url), DualWriter(conf, jdbc_url)
     try:
         with pytest.raises(TransactionDivergedError):

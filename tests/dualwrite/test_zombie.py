@@ -5,13 +5,16 @@ MariaDB and SQLite:
   before its fence (scenario 1);
 - a hung session that holds the state-row lock (scenario 7);
 - a zombie that finishes its last transaction and goes for the next one while the new
-  writer's recovery is between DescribeTransactions and EndTxn (scenario 8).
+  writer's recovery is between DescribeTransactions and EndTxn (scenario 8);
+- a writer whose session died after its start() fenced, while another took the id over,
+  calling start() again.
 
 After each, the database rows equal what an independent read_committed consumer
 (kafka-python) sees, and the zombie's refused transaction is on neither side."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -25,12 +28,14 @@ from sqlalchemy import Table, create_engine, select, text
 
 from kafka_txn import ProducerFencedError, TransactionAbortableError, TransactionOutcome
 from kafka_txn.coordinator.client import TransactionDescription
+from kafka_txn.dualwrite.engine import database_url
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
+from kafka_txn.errors import FatalError, KafkaTxnError
 from tests.apps.dualwrite_app import events_table
 from tests.support.rig import Broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.adversary]
 
 WAIT_S = 60.0
 """Upper bound of every wait for another thread: a hang fails the test, never blocks it."""
@@ -366,3 +371,62 @@ def _write_into(sides: Sides, writer: DualWriter, outcome: list[BaseException | 
         outcome.append("committed")
     except Exception as exc:
         outcome.append(exc)
+
+
+def test_start_again_after_its_last_commit_failed_and_another_writer_took_over(
+    broker: Broker, postgres_jdbc: str
+) -> None:
+    """Writer A's start() recovers, settles and initialises (its fence in Kafka), then
+    its session dies before the COMMIT that releases the lock; writer B takes the id
+    over (owner B, its init fences A). A's start() again (_finish_start) must not start
+    a writer that no longer owns the id: it raises, A commits nothing, B commits."""
+    topic = broker.create_topic()
+    tid = f"zombie-{uuid.uuid4().hex[:10]}"
+    table = f"st_{uuid.uuid4().hex[:8]}"
+    url = database_url(postgres_jdbc, None, None)
+    engine_a = create_engine(url, connect_args={"application_name": f"a-{tid}"})
+    engine_b = create_engine(url)
+    admin = create_engine(url)
+    config = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": tid}
+    a = DualWriter(config, engine_a, state_table=table, mark_completed_after=None)
+    b = DualWriter(config, engine_b, state_table=table, mark_completed_after=None)
+    original = a.producer.complete_transaction
+
+    def complete_then_lose_session(*args: Any, **kwargs: Any) -> Any:
+        outcome = original(*args, **kwargs)  # settled, fenced: A's init ran
+        with admin.begin() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = :n"
+                ),
+                {"n": f"a-{tid}"},
+            )
+        b.start()  # the lock went with A's session: B takes the id over
+        return outcome
+
+    a.producer.complete_transaction = complete_then_lose_session  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the session's end, whatever its type
+            a.start()
+        with pytest.raises(FatalError, match="another took the id over"):
+            a.start()  # _finish_start: the row's owner is B
+        with pytest.raises((FatalError, KafkaTxnError)), a.transaction() as tx:
+            tx.produce(topic, b"zombie")
+        with b.transaction() as tx:
+            tx.produce(topic, b"b")
+        assert [v for _, v in broker.read_committed(topic, 1)] == [b"b"]
+        assert broker.open_partitions(topic) == {}
+        with admin.connect() as conn:
+            owner = conn.execute(
+                text(f"SELECT owner FROM {table} WHERE transactional_id = :t"), {"t": tid}
+            ).scalar_one()
+        assert owner == b.owner
+    finally:
+        for w in (a, b):
+            with contextlib.suppress(Exception):  # a fenced writer's close may raise
+                w.close()
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+        for e in (engine_a, engine_b, admin):
+            e.dispose()

@@ -21,17 +21,14 @@ from kafka_txn import FatalError, TransactionalProducer, TransactionOutcomeUnkno
 from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from kafka_txn.testing import ApiKey, MockCluster
 from tests.proxies.kafka_proxy import KafkaProxy
+from tests.support.eos_topics import (
+    committed_offsets,
+    positions_after_last_record,
+    read_committed_consumer,
+    seed_topic,
+)
 
 pytestmark = pytest.mark.broker
-
-
-def _seed(broker, topic: str, values: list[bytes]) -> None:
-    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": uuid.uuid4().hex}
-    with TransactionalProducer(conf) as p:
-        p.init_transactions()
-        with p.transaction():
-            for i, v in enumerate(values):
-                p.produce(topic, v, key=b"%d" % i)
 
 
 def _processor(
@@ -50,49 +47,12 @@ def _processor(
     )  # fmt: skip
 
 
-def _reader(broker) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap_servers,
-            "group.id": uuid.uuid4().hex,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-        }
-    )
-
-
-def _committed(broker, group: str, topic: str, partitions: int) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
-    try:
-        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
-        return {tp.partition: tp.offset for tp in tps}
-    finally:
-        c.close()
-
-
-def _positions_after_last_record(broker, topic: str, count: int) -> dict[int, int]:
-    """Per partition, one past its last record: where a group that consumed everything
-    stands (transaction markers take offsets too, so this is not a record count)."""
-    c = _reader(broker)
-    c.subscribe([topic])
-    last: dict[int, int] = {}
-    seen = 0
-    deadline = time.monotonic() + 30
-    while seen < count and time.monotonic() < deadline:
-        m = c.poll(0.5)
-        if m is not None and m.error() is None:
-            last[m.partition()] = max(last.get(m.partition(), -1), m.offset())
-            seen += 1
-    c.close()
-    return {p: o + 1 for p, o in last.items()}
-
-
 @pytest.mark.guarantee("6.1")
 def test_poison_record_is_retried_then_dead_lettered(broker):
     source, sink, dlq = (broker.create_topic(2) for _ in range(3))
     values = [b"ok-%02d" % i for i in range(30)]
     values[17] = b"poison"
-    _seed(broker, source, values)
+    seed_topic(broker, source, values)
     calls: Counter[bytes] = Counter()
 
     def process(record):
@@ -112,19 +72,21 @@ def test_poison_record_is_retried_then_dead_lettered(broker):
     [(key, value)] = broker.read_committed(dlq, expected=1)
     assert (key, value) == (b"17", b"poison")
     # Every offset committed, the poison record's too.
-    assert _committed(broker, group, source, 2) == _positions_after_last_record(broker, source, 30)
+    assert committed_offsets(broker, group, source, 2) == positions_after_last_record(
+        broker, source, 30
+    )
 
 
 def test_dead_letter_headers_say_where_and_why(broker):
     source, sink, dlq = (broker.create_topic(1) for _ in range(3))
-    _seed(broker, source, [b"bad"])
+    seed_topic(broker, source, [b"bad"])
 
     def process(record):
         raise RuntimeError("boom")
 
     _processor(broker, source, sink, f"g-{uuid.uuid4().hex[:8]}", process, max_attempts=1,
                dead_letter_topic=dlq).run(idle_timeout=3)  # fmt: skip
-    c = _reader(broker)
+    c = read_committed_consumer(broker)
     c.subscribe([dlq])
     msg = None
     deadline = time.monotonic() + 15
@@ -139,10 +101,11 @@ def test_dead_letter_headers_say_where_and_why(broker):
     assert headers["kafka_txn.dlt.exception.message"] == b"boom"
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.4", "6.7")
 def test_fenced_producer_stops_the_loop(broker):
     source, sink = broker.create_topic(1), broker.create_topic(1)
-    _seed(broker, source, [b"first"])
+    seed_topic(broker, source, [b"first"])
     txn_id = f"eos-{uuid.uuid4().hex[:8]}"
     processor = _processor(broker, source, sink, f"g-{uuid.uuid4().hex[:8]}",
                            lambda r: [(sink, r.value())], txn_id=txn_id)  # fmt: skip
@@ -155,7 +118,7 @@ def test_fenced_producer_stops_the_loop(broker):
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
     with TransactionalProducer(conf) as usurper:
         usurper.init_transactions()
-        _seed(broker, source, [b"second"])
+        seed_topic(broker, source, [b"second"])
         worker.join(timeout=60)
     assert not worker.is_alive()
     assert isinstance(outcome[0], FatalError), outcome
@@ -177,6 +140,7 @@ def _open_partitions_after_close(broker, topic: str) -> dict[int, tuple[int, int
     return open_
 
 
+@pytest.mark.adversary
 @pytest.mark.parametrize("code", ["ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID"])
 @pytest.mark.guarantee("1.13")
 def test_close_aborts_a_transaction_whose_offsets_the_group_refused(broker, txn_id, code):
@@ -187,7 +151,7 @@ def test_close_aborts_a_transaction_whose_offsets_the_group_refused(broker, txn_
     then. Nothing is lost (the offsets did not commit: the input is read again) and
     nothing duplicated (the output is aborted)."""
     source, sink = broker.create_topic(1), broker.create_topic(1)
-    _seed(broker, source, [b"in"])
+    seed_topic(broker, source, [b"in"])
     group = f"g-{uuid.uuid4().hex[:8]}"
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
                          "enable.auto.commit": False})  # fmt: skip
@@ -214,9 +178,10 @@ def test_close_aborts_a_transaction_whose_offsets_the_group_refused(broker, txn_
         assert proxy.count(ApiKey.END_TXN) == 1  # close() sent the abort
     assert _open_partitions_after_close(broker, sink) == {}
     assert broker.read_committed(sink, expected=0) == []
-    assert _committed(broker, group, source, 1) == {0: -1001}  # OFFSET_INVALID: none
+    assert committed_offsets(broker, group, source, 1) == {0: -1001}  # OFFSET_INVALID: none
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.12", "1.13")
 def test_close_after_the_group_refused_the_offsets_is_bounded_when_the_abort_hangs(broker, txn_id):
     """The same fatal refusal, then a coordinator that keeps answering the abort's EndTxn
@@ -263,6 +228,7 @@ def test_close_after_the_group_refused_the_offsets_is_bounded_when_the_abort_han
     assert broker.read_committed(sink, expected=0) == []
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.13", "6.9")
 def test_processor_whose_offsets_the_group_refused_stops_and_its_successor_loses_nothing(broker):
     """run() stops with FatalError when the group refuses its offsets (a member removed
@@ -273,7 +239,7 @@ def test_processor_whose_offsets_the_group_refused_stops_and_its_successor_loses
     consumer (kafka-python)."""
     source, sink = broker.create_topic(1), broker.create_topic(1)
     values = [b"a", b"b", b"c"]
-    _seed(broker, source, values)
+    seed_topic(broker, source, values)
     group = f"g-{uuid.uuid4().hex[:8]}"
     with KafkaProxy(broker.bootstrap_servers) as proxy:
         refused = proxy.fail(ApiKey.TXN_OFFSET_COMMIT, KafkaError.ILLEGAL_GENERATION, times=1)
@@ -293,12 +259,13 @@ def test_processor_whose_offsets_the_group_refused_stops_and_its_successor_loses
         assert refused.hits == 1
     assert _open_partitions_after_close(broker, sink) == {}
     assert broker.read_committed(sink, expected=0) == []
-    assert _committed(broker, group, source, 1) == {0: -1001}
+    assert committed_offsets(broker, group, source, 1) == {0: -1001}
     successor = _processor(broker, source, sink, group, lambda r: [(sink, r.value())])
     successor.run(idle_timeout=3)
     assert sorted(v for _, v in broker.read_committed(sink, expected=3)) == values
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("6.1")
 def test_processor_whose_commit_was_applied_then_answered_with_an_error_outputs_once(broker):
     """6.1 with a commit the coordinator applied and then answered with an error that is
@@ -309,7 +276,7 @@ def test_processor_whose_commit_was_applied_then_answered_with_an_error_outputs_
     once (kafka-python's read_committed consumer)."""
     source, sink = broker.create_topic(1), broker.create_topic(1)
     values = [b"a", b"b", b"c"]
-    _seed(broker, source, values)
+    seed_topic(broker, source, values)
     group, txn_id = f"g-{uuid.uuid4().hex[:8]}", f"eos-{uuid.uuid4().hex[:8]}"
     with KafkaProxy(broker.bootstrap_servers) as proxy:
         lost = proxy.fail(ApiKey.END_TXN, KafkaError.REQUEST_TIMED_OUT, forward=True, times=1)
@@ -323,7 +290,7 @@ def test_processor_whose_commit_was_applied_then_answered_with_an_error_outputs_
             first.run(idle_timeout=60)
         assert lost.hits == 1
     assert sorted(v for _, v in broker.read_committed(sink, expected=3)) == values
-    assert _committed(broker, group, source, 1) == {0: 3}
+    assert committed_offsets(broker, group, source, 1) == {0: 3}
     successor = _processor(broker, source, sink, group, lambda r: [(sink, r.value())], txn_id)
     successor.run(idle_timeout=3)
     assert sorted(v for _, v in broker.read_committed(sink, expected=3)) == values
@@ -355,6 +322,7 @@ class _Watched(ExactlyOnceProcessor):
         super().close()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("6.1")
 def test_rebalance_loses_and_duplicates_nothing(broker):
     """A second member joins the group while the first is at work: the first member's
@@ -379,7 +347,7 @@ def test_rebalance_loses_and_duplicates_nothing(broker):
 
     def feed(count: int) -> None:
         values = [b"v-%05d" % i for i in range(len(sent), len(sent) + count)]
-        _seed(broker, source, values)
+        seed_topic(broker, source, values)
         sent.extend(values)
 
     def wait_for(condition, what: str) -> None:
@@ -407,7 +375,7 @@ def test_rebalance_loses_and_duplicates_nothing(broker):
     assert a.revoked_while_running and handled["a"] and handled["b"]
     got = Counter(v for _, v in broker.read_committed(sink, expected=len(sent)))
     assert got == Counter(sent)  # nothing lost, nothing twice
-    assert _committed(broker, group, source, 4) == _positions_after_last_record(
+    assert committed_offsets(broker, group, source, 4) == positions_after_last_record(
         broker, source, len(sent)
     )
     for name, result in results.items():  # a stop is only ever a KIP-691 fatal error
@@ -448,7 +416,7 @@ def _run_in_thread(processor: ExactlyOnceProcessor, **kw) -> dict[str, object]:
     )
     worker.start()
     worker.join(timeout=120)
-    if worker.is_alive():  # pragma: no cover - only on a regression
+    if worker.is_alive():  # pragma: no cover - only when the loop hangs
         processor.stop()
         worker.join(timeout=60)
     return result
@@ -483,7 +451,7 @@ def test_rejected_output_is_retried_alone_then_dead_lettered(broker, where):
         sink, huge = _topic_with_limit(broker, 10_000), b"x" * 20_000
     values = [b"ok-%02d" % i for i in range(30)]
     values[11] = b"huge"
-    _seed(broker, source, values)
+    seed_topic(broker, source, values)
     calls: Counter[bytes] = Counter()
     pauses: list[float] = []
     processor: ExactlyOnceProcessor
@@ -510,7 +478,9 @@ def test_rejected_output_is_retried_alone_then_dead_lettered(broker, where):
     out = Counter(v for _, v in broker.read_committed(sink, expected=29))
     assert out == Counter(v.upper() for v in values if v != b"huge")  # exactly once
     assert broker.read_committed(dlq, expected=1) == [(b"11", b"huge")]
-    assert _committed(broker, group, source, 2) == _positions_after_last_record(broker, source, 30)
+    assert committed_offsets(broker, group, source, 2) == positions_after_last_record(
+        broker, source, 30
+    )
 
 
 @pytest.mark.guarantee("6.3")
@@ -635,6 +605,7 @@ def _commit_spy(processor, cluster, *, heal_after: int | None) -> list[str]:
     return calls
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("6.5")
 def test_commit_with_unknown_outcome_is_tried_again_until_it_settles(mock_cluster):
     """commit_transaction() ran out of time with retriable errors: the outcome is
@@ -647,6 +618,7 @@ def test_commit_with_unknown_outcome_is_tried_again_until_it_settles(mock_cluste
     assert (stats.transactions, stats.records, stats.aborts) == (1, 3, 0)
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("6.5")
 def test_commit_outcome_still_unknown_after_the_bound_stops_the_loop_unaborted(mock_cluster):
     """A commit still unsettled after commit_attempts tries stops run() with
@@ -661,6 +633,7 @@ def test_commit_outcome_still_unknown_after_the_bound_stops_the_loop_unaborted(m
     assert processor.stats.transactions == 0
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("6.5")
 def test_abort_that_does_not_complete_is_tried_again(mock_cluster):
     """abort_transaction() ran out of time (EndTxn kept failing with a retriable error):
@@ -702,7 +675,7 @@ def test_rollback_with_latest_reset_rewinds_to_the_batch_not_to_old_history(brok
     read again from its own first offset, not from the beginning of the partition."""
     source, sink = broker.create_topic(1), broker.create_topic(1)
     old = [b"old-%d" % i for i in range(3)]
-    _seed(broker, source, old)
+    seed_topic(broker, source, old)
     seen: list[bytes] = []
     started = threading.Event()
 
@@ -731,7 +704,7 @@ def test_rollback_with_latest_reset_rewinds_to_the_batch_not_to_old_history(brok
     probes: list[bytes] = []
     while not started.is_set() and len(probes) < 60:
         probes.append(b"new-%02d" % len(probes))
-        _seed(broker, source, [probes[-1]])
+        seed_topic(broker, source, [probes[-1]])
         started.wait(1.0)
     assert started.is_set()
     worker.join(timeout=60)
@@ -753,7 +726,7 @@ def test_an_output_process_got_wrong_is_that_records_failure(broker, bad_output)
     then dead-lettered), and the rest of the partition flows: run() must not die with
     TypeError, nor a restart on the same record."""
     source, sink, dlq = (broker.create_topic(1) for _ in range(3))
-    _seed(broker, source, [b"a", b"bad", b"c"])
+    seed_topic(broker, source, [b"a", b"bad", b"c"])
 
     def process(record):
         if record.value() == b"bad":
@@ -773,7 +746,7 @@ def test_a_recoverer_that_raises_is_tried_again(broker):
     """A custom recoverer raising a non-Kafka exception (its database is away, say) aborts
     the transaction and is tried again; run() goes on."""
     source, sink = (broker.create_topic(1) for _ in range(2))
-    _seed(broker, source, [b"bad", b"ok"])
+    seed_topic(broker, source, [b"bad", b"ok"])
     calls: list[bytes] = []
 
     def process(record):
@@ -801,7 +774,7 @@ def test_a_record_batch_refused_as_a_whole_blames_no_single_input(broker):
     three commit (none of the three goes to the dead-letter topic)."""
     source, dlq = broker.create_topic(1), broker.create_topic(1)
     sink = _topic_with_limit(broker, 1500)
-    _seed(broker, source, [b"a", b"b", b"c"])
+    seed_topic(broker, source, [b"a", b"b", b"c"])
 
     def process(record):
         return [OutputRecord(sink, record.value() * 650)]

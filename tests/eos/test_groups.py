@@ -46,6 +46,8 @@ from tests.proxies.kafka_proxy import ApiKey, KafkaProxy
 from tests.support.apache_kafka import ApacheKafka, require_java_and_maven
 from tests.support.rig import Broker
 
+pytestmark = pytest.mark.adversary
+
 PROTOCOLS = ["consumer", "classic"]
 PARTITIONS = 4
 PER_PARTITION = 10

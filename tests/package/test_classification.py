@@ -66,8 +66,8 @@ REJ, DEL, TXN = (
 # What the codes that matter must be, written out here from KIP-691 and from what librdkafka
 # does with them (src/rdkafka_txnmgr.c, src/rdkafka_request.c), not read from
 # kafka_txn/classification.py: a changed row fails below until this is changed too, on
-# purpose, in review. Each entry: (category of the bare error, i.e. with no librdkafka flag
-# set; FailureType of a record that failed with it).
+# purpose, by whoever changes the table. Each entry: (category of the bare error, i.e.
+# with no librdkafka flag set; FailureType of a record that failed with it).
 EXPECTED: dict[str, tuple[ErrorCategory, FailureType]] = {
     # Fencing. KIP-691: ProducerFencedException is fatal. librdkafka: EndTxn,
     # AddPartitionsToTxn and AddOffsetsToTxn answered PRODUCER_FENCED or
@@ -295,7 +295,7 @@ def test_docs_are_generated_from_the_code():
     assert render_markdown() in text
 
 
-# Found by mutation testing (make mutants): what the table tests above left open.
+# What the table tests above leave open (mutation testing, make mutants, shows it).
 def test_the_table_builds_the_same_from_its_rows():
     # ERROR_TABLE is built once, at import; building it again puts the building code
     # itself under test (mutmut switches a mutant on only after the import).

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow  # the examples run end to end, a minute or more
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WAIT_S = 120.0
-"""The bound of every wait for the example's progress (a regression fails, never hangs)."""
+"""The bound of every wait for the example's progress (an example that stalls fails, never
+hangs the run)."""
 
 
 def _seed(broker, topic: str, values: list[bytes]) -> None:
@@ -508,7 +509,7 @@ def test_consume_process_produce_sets_aside_an_input_whose_output_is_rejected(br
     args = _args(broker, source, sink, f"g-{uuid.uuid4().hex[:8]}", *extra)
     worker = _start(outcome, "run", lambda: example.run(args, stats, stop))
     worker.join(timeout=WAIT_S)
-    stop.set()  # only a regression (retrying forever) is still running here
+    stop.set()  # only an example retrying forever is still running here
     worker.join(timeout=60)
     assert outcome["run"] == len(values), (outcome, stats)
     assert (stats.dead_lettered, stats.skipped) == ((1, 0) if dead_letter else (0, 1))
@@ -597,7 +598,7 @@ def test_consume_process_produce_script_stops_gracefully_on_sigterm(broker):
         script.send_signal(signal.SIGTERM)
         out, err = script.communicate(timeout=60)
     finally:
-        if script.poll() is None:  # only on a regression
+        if script.poll() is None:  # only when the script hangs
             script.kill()
             script.wait(timeout=30)
     assert script.returncode == 0, err[-3000:]

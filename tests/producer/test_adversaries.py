@@ -29,6 +29,7 @@ from kafka_txn import TransactionalProducer
 from kafka_txn.errors import (
     CommitFailedException,
     FatalError,
+    IllegalStateError,
     KafkaTxnError,
     TransactionOutcomeUnknownError,
 )
@@ -42,6 +43,8 @@ from tests.support.adversaries import (
     txn_config,
 )
 from tests.support.rig import Broker
+
+pytestmark = pytest.mark.adversary
 
 _ILLEGAL_GENERATION = 22
 
@@ -109,7 +112,7 @@ def test_a_second_signal_while_the_interrupted_wait_is_undone_leaves_the_produce
                 sys.setprofile(None)
                 raise _Interrupted("second signal, as the undo starts")
 
-        original_undo = producer._undo_begin
+        original_undo = producer._completion._undo_begin
 
         def undo() -> None:
             sys.setprofile(second_signal)
@@ -118,7 +121,7 @@ def test_a_second_signal_while_the_interrupted_wait_is_undone_leaves_the_produce
             finally:
                 sys.setprofile(None)
 
-        monkeypatch.setattr(producer, "_undo_begin", undo)
+        monkeypatch.setattr(producer._completion, "_undo_begin", undo)
         with pytest.raises(_Interrupted):
             producer.begin_transaction()
         assert signals, "the spacing wait did not run"
@@ -744,3 +747,55 @@ def test_a_commit_refused_by_endtxn_with_an_abortable_refusal_is_still_commit_fa
         finally:
             producer.close(timeout=5)
     assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
+
+
+@pytest.mark.guarantee("1.6")
+def test_init_again_after_a_signal_right_after_librdkafkas_init_leaves_a_usable_producer(
+    broker: Broker, topic: str, producer_config: dict[str, Any]
+) -> None:
+    """Guarantee 1.6: after a signal right after librdkafka's init, calling
+    init_transactions() again leaves a usable producer."""
+    producer = TransactionalProducer(producer_config, operation_timeout=20)
+    try:
+        interrupt_after("init_transactions", producer.init_transactions)
+        assert producer.state == "new"
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"after-the-signal")
+        producer.commit_transaction()
+        assert broker.read_committed(topic, expected=1) == [(None, b"after-the-signal")]
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.mark.guarantee("1.6")
+def test_close_from_a_signal_handler_during_produce_aborts_the_transaction(
+    broker: Broker, topic: str, producer_config: dict[str, Any]
+) -> None:
+    """close() ('An open transaction is aborted within timeout') and guarantee 1.6: close()
+    from a signal handler during produce aborts the transaction."""
+    producer = TransactionalProducer(producer_config, operation_timeout=20)
+    closed: list[str] = []
+
+    def sigterm_handler(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_return" and getattr(arg, "__name__", "") == "produce":
+            sys.setprofile(None)
+            producer.close(timeout=2)  # the handler closes and returns
+            closed.append(producer.state)
+
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"first", partition=0).result(timeout=10)  # registered
+        sys.setprofile(sigterm_handler)
+        try:
+            producer.produce(topic, b"second", partition=0)
+        except IllegalStateError:
+            pass  # reporting that close() ran is fine too
+        finally:
+            sys.setprofile(None)
+        assert closed == ["closed"]
+        assert broker.open_partitions(topic) == {}, "close() left the transaction open"
+        assert broker.read_committed(topic, expected=0) == []
+    finally:
+        producer.close(timeout=5)

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_txn import (
     CommitFailedException,
@@ -21,13 +23,14 @@ from kafka_txn import (
     FailureType,
     FatalError,
     IllegalStateError,
+    KafkaTxnError,
     ProduceFailedException,
     ProducerFencedError,
     TransactionAbortableError,
     TransactionalProducer,
     TransactionOutcomeUnknownError,
 )
-from kafka_txn.testing import ApiKey
+from kafka_txn.testing import ApiKey, MockCluster
 
 pytestmark = pytest.mark.mock
 
@@ -222,6 +225,7 @@ def _in_flight_commit(mock_config, sleep=time.sleep) -> TransactionalProducer:
     return p
 
 
+@pytest.mark.adversary
 @pytest.mark.parametrize("fault", ["brokers_down", "coordinator_loading"])
 @pytest.mark.guarantee("1.9")
 def test_commit_outlasting_its_deadline_is_unknown_and_never_aborted(
@@ -496,6 +500,7 @@ with MockCluster(brokers=1) as cluster:
 """
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.9")
 def test_a_commit_whose_end_txn_reply_is_held_past_its_budget_is_resumed_safely():
     """End to end, in a child process (librdkafka's assertion aborts the process): the
@@ -528,3 +533,52 @@ def test_a_commit_whose_end_txn_reply_is_held_past_its_budget_is_resumed_safely(
     # rounded down): no call in between, none shorter than the floor after the first.
     assert len(timeouts) == 2, timeouts
     assert 0 < int(timeouts[0]) <= 500 and 1000 <= int(timeouts[1]) <= 30000, timeouts
+
+
+@pytest.mark.adversary
+@pytest.mark.parametrize(
+    "answer",
+    [
+        KafkaError.TRANSACTION_ABORTABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.UNKNOWN,
+    ],
+    ids=["TRANSACTION_ABORTABLE", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "UNKNOWN"],
+)
+@pytest.mark.guarantee("1.3")
+def test_an_abort_refused_with_an_abortable_error_leaves_a_usable_producer(
+    mock_cluster: MockCluster, mock_config: Callable[..., dict[str, Any]], answer: int
+) -> None:
+    """EndTxn(abort) answered with an error librdkafka calls abortable (not fatal): the
+    abort did not complete and librdkafka can abort again, so abort_transaction() raises
+    TransactionOutcomeUnknownError saying to call it again (docs/reference/errors.md: "from
+    abort_transaction(): call the same method again"), the producer stays 'aborting',
+    the second abort succeeds and the next transaction commits. (The mock cluster does
+    not hide aborted records from read_committed readers, and the broker cannot be made
+    to answer EndTxn so: librdkafka reaches the coordinator over its broker connection,
+    not through the fault proxy.)"""
+    mock_cluster.create_topic("orders", partitions=1)
+    with TransactionalProducer(mock_config(), operation_timeout=10) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce("orders", b"to-abort")
+        assert producer.flush(10) == 0
+        mock_cluster.push_request_errors(ApiKey.END_TXN, answer)
+        with pytest.raises(KafkaTxnError) as refused:
+            producer.abort_transaction()
+        # Promised (1.3, errors.md): the category follows the table, which says
+        # abortable; FatalError means "the producer is unusable".
+        exc = refused.value
+        assert isinstance(exc, TransactionOutcomeUnknownError), repr(exc)
+        assert not isinstance(exc, FatalError) and not exc.fatal(), repr(exc)
+        assert exc.code() == answer and exc.operation == "abort_transaction"
+        assert "call abort_transaction() again" in str(exc), str(exc)
+        assert type(exc.__cause__) is KafkaException and exc.__cause__.__cause__ is None
+        assert producer.state == "aborting"
+        producer.abort_transaction()  # again, as the error says
+        assert producer.state == "ready"
+        producer.begin_transaction()
+        producer.produce("orders", b"next")
+        producer.commit_transaction()
+        assert producer.state == "ready"

@@ -5,7 +5,7 @@ real ``TransactionalProducer`` driven into each state.
 
 Why a second copy of the table: a test that derives its expectations from ``TRANSITIONS``
 and ``ALLOWED`` passes whatever they say. Here a changed entry fails until the
-specification below is changed too, on purpose, in review.
+specification below is changed too, on purpose, by whoever changes the lifecycle.
 
 Every state is reached with a real producer. Most on the rig's broker; three on
 librdkafka's mock cluster, because they need a request to fail on demand, which a real
@@ -58,8 +58,8 @@ from kafka_txn.producer.lifecycle import (
     render_mermaid,
 )
 from kafka_txn.testing import ApiKey, MockCluster
+from tests.support.adversaries import stand_in_describe
 from tests.support.rig import Broker
-from tests.twophase.test_prepare_adversaries import _stand_in_describe
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
 S = State
@@ -277,7 +277,7 @@ def _node(state: State) -> str:
     return state.value.replace(" ", "_")
 
 
-# Found by mutation testing (make mutants): what the table tests above do not pin down.
+# What the table tests above do not pin down (mutation testing, make mutants, shows it).
 def test_a_fatal_error_is_logged_once_with_the_id_and_the_code(caplog):
     life = Lifecycle("orders-0")
     first = FatalError("fenced", kafka_error=KafkaError(KafkaError.PRODUCER_FENCED))
@@ -444,7 +444,7 @@ def _on_mock(bench: Bench, *, prepared: bool) -> Driven:
     p = bench.producer(mock=True)
     p.init_transactions()
     if prepared:
-        _stand_in_describe(p)
+        stand_in_describe(p)
     p.begin_transaction()
     p.produce(MOCK_TOPIC, b"kept")
     p.flush()  # the partition joins the transaction: EndTxn has something to end

@@ -119,6 +119,7 @@ def _warnings_of(call: Callable[[], None]) -> list[str]:
     return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
+@pytest.mark.adversary
 @pytest.mark.broker
 @pytest.mark.guarantee("1.12")
 def test_close_after_an_init_that_timed_out_warns_nothing() -> None:
@@ -139,6 +140,7 @@ def test_close_after_an_init_that_timed_out_warns_nothing() -> None:
     assert producer.state == "closed"
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.12")
 def test_close_of_a_fenced_producer_warns_nothing(
     broker: Broker, producer_config: dict[str, Any]
@@ -196,6 +198,7 @@ def _release_once_state_leaves(
     return watcher
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.8")
 def test_commit_waits_for_a_send_under_way_and_never_commits_past_its_failed_record(
     broker: Broker, producer_config: dict[str, Any]
@@ -235,6 +238,7 @@ def test_commit_waits_for_a_send_under_way_and_never_commits_past_its_failed_rec
     assert _values(broker, topic, 0) == []
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.8")
 def test_abort_waits_for_a_send_under_way_so_its_record_never_joins_the_next_transaction(
     broker: Broker, producer_config: dict[str, Any]
@@ -274,6 +278,7 @@ def test_abort_waits_for_a_send_under_way_so_its_record_never_joins_the_next_tra
     assert _values(broker, topic, 1) == [b"order-2"]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("1.10")
 def test_produce_send_and_poll_from_many_threads(
     broker: Broker, producer_config: dict[str, Any]

@@ -28,7 +28,7 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from sqlalchemy import Column, Integer, MetaData, Table, create_engine, text
 
-import kafka_txn.producer.transactional
+import kafka_txn.producer.handle
 from kafka_txn import (
     CommitFailedException,
     DatabaseCommitUnknownError,
@@ -43,8 +43,8 @@ from kafka_txn import (
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.testing import ApiKey, MockCluster
+from tests.support.adversaries import stand_in_describe
 from tests.support.rig import Broker
-from tests.twophase.test_prepare_adversaries import _stand_in_describe
 
 EACH = 3
 """Producers opened and closed per state."""
@@ -141,7 +141,7 @@ def handles(monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[Producer]]:
             super().__init__(conf)
             made.append(weakref.ref(self))
 
-    monkeypatch.setattr(kafka_txn.producer.transactional, "Producer", Tracked)
+    monkeypatch.setattr(kafka_txn.producer.handle, "Producer", Tracked)
     return made
 
 
@@ -381,7 +381,7 @@ def _unknown_commit(
     p = TransactionalProducer(conf | TWO_PC if prepared else conf, operation_timeout=1.0)
     p.init_transactions()
     if prepared:
-        _stand_in_describe(p)
+        stand_in_describe(p)
     p.begin_transaction()
     p.produce(MOCK_TOPIC, b"kept")
     p.flush()  # the partition joins the transaction: EndTxn has something to end

@@ -9,54 +9,18 @@ SparkContext, and tests/spark/test_sink.py keeps a local one for its module."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
 
-from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
+from tests.support.spark_apps import assert_input_exactly_once, input_files, run_app
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-pytestmark = pytest.mark.broker
-
-FILES, ROWS = 4, 50  # one file per micro-batch
-
-
-def _input_files(folder: Path) -> list[str]:
-    folder.mkdir()
-    values = []
-    for f in range(FILES):
-        lines = []
-        for r in range(ROWS):
-            values.append(f"f{f}-r{r}")
-            lines.append(json.dumps({"key": f"k{r}", "value": f"f{f}-r{r}"}))
-        (folder / f"part-{f:03d}.json").write_text("\n".join(lines) + "\n")
-    return values
-
-
-def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run the app as its own process group; kill whatever of the group is left (driver,
-    executor JVMs, Python workers) however it ends."""
-    proc = subprocess.Popen(
-        args, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the group is gone: nothing left
-            os.killpg(proc.pid, signal.SIGKILL)
-        if proc.returncode is None:
-            out, err = proc.communicate()
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+pytestmark = [pytest.mark.broker, pytest.mark.adversary]
 
 
 def _task_ends(events: Path) -> list[dict[str, Any]]:
@@ -66,36 +30,17 @@ def _task_ends(events: Path) -> list[dict[str, Any]]:
     return [e for e in lines if e["Event"] == "SparkListenerTaskEnd"]
 
 
-def assert_input_exactly_once(
-    broker: Any, topic: str, jdbc: str, table: str, values: list[str]
-) -> None:
-    """Kafka (kafka-python, read_committed) and the table (plain SQL) each hold the
-    input files' records exactly once, keys with their values."""
-    kafka = broker.read_committed(topic, expected=len(values))
-    assert sorted(v.decode() for _, v in kafka) == sorted(values)
-    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(text(f"SELECT key, value FROM {table}")).all()
-    finally:
-        engine.dispose()
-    assert sorted(value for _, value in rows) == sorted(values)
-    assert {(key, value) for key, value in rows} == {
-        (f"k{r}", f"f{f}-r{r}") for f in range(FILES) for r in range(ROWS)
-    }
-
-
 @pytest.mark.timeout(900)  # a cluster's start, then a run bounded by 300 s on its own
 @pytest.mark.guarantee("5.1")
 def test_sink_on_local_cluster_with_a_task_retried_on_the_other_executor(
     broker, postgres_jdbc, tmp_path
 ):
-    values = _input_files(tmp_path / "in")
+    values = input_files(tmp_path / "in")
     topic = broker.create_topic(partitions=2)
     table = f"cluster_{uuid.uuid4().hex[:10]}"
     (tmp_path / "faults").mkdir()
     (tmp_path / "work").mkdir()
-    done = _run(
+    done = run_app(
         [sys.executable, str(ROOT / "tests" / "apps" / "spark_cluster_app.py"),
          "--input", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "ckpt"),
          "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic,

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
-from tests.spark.test_guards import _frame, _sides, _sink
+from tests.support.spark_sinks import kafka_and_table, make_frame, make_sink
 
 pytestmark = pytest.mark.broker
 
@@ -25,10 +25,10 @@ def test_kept_writers_share_their_workers_connections(spark, broker, postgres_jd
     jdbc = f"{postgres_jdbc}&ApplicationName={name}"
     topic = broker.create_topic(partitions=2)
     table = f"conn_{uuid.uuid4().hex[:10]}"
-    sink = _sink(broker, jdbc, topic=topic, dbtable=table)
+    sink = make_sink(broker, jdbc, topic=topic, dbtable=table)
     values = [f"v{i}" for i in range(40)]
-    sink.write(_frame(spark, values[:20], 8), batch_id=0)
-    sink.write(_frame(spark, values[20:], 8), batch_id=1)
+    sink.write(make_frame(spark, values[:20], 8), batch_id=0)
+    sink.write(make_frame(spark, values[20:], 8), batch_id=1)
     sink.close()  # the driver's own connections
     engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc))
     try:
@@ -39,5 +39,7 @@ def test_kept_writers_share_their_workers_connections(spark, broker, postgres_jd
             ).scalar()
     finally:
         engine.dispose()
-    assert _sides(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
+    assert (
+        kafka_and_table(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
+    )
     assert held is not None and 1 <= held < 8, held

@@ -15,10 +15,8 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from sqlalchemy import create_engine, text
 
 from kafka_txn import ReplayMismatchError
-from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import ProducerFencedError
 from kafka_txn.spark.ledger import Ledger, commits_table
@@ -26,36 +24,10 @@ from kafka_txn.spark.mapping import Mapping
 from kafka_txn.spark.sink import KafkaJdbcSink
 from kafka_txn.spark.tasks import PartitionWriter
 from tests.support import spark_hooks
+from tests.support.adversaries import Interrupted
+from tests.support.spark_sinks import kafka_and_table, make_frame, make_sink
 
 pytestmark = pytest.mark.broker
-
-
-class Interrupted(BaseException):
-    """A task dying right after its database commit (not an Exception: nothing handles it)."""
-
-
-def _sink(broker: Any, jdbc: str, prefix: str | None = None, **extra: Any) -> KafkaJdbcSink:
-    return KafkaJdbcSink(
-        transactional_id_prefix=prefix or f"guard-{uuid.uuid4().hex[:8]}",
-        kafka={"bootstrap.servers": broker.bootstrap_servers},
-        url=jdbc,
-        **extra,
-    )
-
-
-def _sides(broker: Any, topic: str, jdbc: str, table: str, expected: int) -> tuple[list, list]:
-    kafka = sorted(v.decode() for _, v in broker.read_committed(topic, expected=expected))
-    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
-    try:
-        with engine.connect() as conn:
-            rows = sorted(conn.execute(text(f"SELECT value FROM {table}")).scalars())
-    finally:
-        engine.dispose()
-    return kafka, rows
-
-
-def _frame(spark: SparkSession, values: list[str], partitions: int) -> DataFrame:
-    return spark.createDataFrame([(v,) for v in values], "value string").repartition(partitions)
 
 
 def _stream(spark: SparkSession, folder: Path, checkpoint: Path, sink: KafkaJdbcSink) -> Any:
@@ -79,6 +51,7 @@ def _files(folder: Path, name: str, values: list[str]) -> None:
 
 
 # ------------------------------------------------------------------ query identity
+@pytest.mark.adversary
 @pytest.mark.guarantee("5.3")
 def test_a_second_query_on_a_prefix_is_refused_naming_both_then_may_start_over(
     spark, broker, postgres_jdbc, tmp_path
@@ -92,41 +65,45 @@ def test_a_second_query_on_a_prefix_is_refused_naming_both_then_may_start_over(
     prefix = f"guard-{uuid.uuid4().hex[:8]}"
     first = [f"a{i}" for i in range(20)]
     _files(tmp_path / "a", "0", first)
-    a = _stream(spark, tmp_path / "a", tmp_path / "ckpt-a", _sink(broker, postgres_jdbc, prefix,
+    a = _stream(spark, tmp_path / "a", tmp_path / "ckpt-a", make_sink(broker, postgres_jdbc, prefix,
                 topic=topic, dbtable=table))  # fmt: skip
     assert a.exception() is None
     second = [f"b{i}" for i in range(20)]
     _files(tmp_path / "b", "0", second)
-    b = _stream(spark, tmp_path / "b", tmp_path / "ckpt-b", _sink(broker, postgres_jdbc, prefix,
+    b = _stream(spark, tmp_path / "b", tmp_path / "ckpt-b", make_sink(broker, postgres_jdbc, prefix,
                 topic=topic, dbtable=table))  # fmt: skip
     refused = str(b.exception())
     assert "SinkOwnershipError" in refused or "belongs to streaming query" in refused
     assert a.id in refused and b.id in refused
-    assert _sides(broker, topic, postgres_jdbc, table, len(first)) == (sorted(first),) * 2
+    assert kafka_and_table(broker, topic, postgres_jdbc, table, len(first)) == (sorted(first),) * 2
     again = _stream(
         spark, tmp_path / "b", tmp_path / "ckpt-b2",
-        _sink(broker, postgres_jdbc, prefix, topic=topic, dbtable=table, start_over=True),
+        make_sink(broker, postgres_jdbc, prefix, topic=topic, dbtable=table, start_over=True),
     )  # fmt: skip
     assert again.exception() is None
     everything = sorted(first + second)
-    assert _sides(broker, topic, postgres_jdbc, table, len(everything)) == (everything,) * 2
+    assert (
+        kafka_and_table(broker, topic, postgres_jdbc, table, len(everything)) == (everything,) * 2
+    )
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("5.3")
 def test_a_batch_job_and_a_query_do_not_share_a_prefix(spark, broker, postgres_jdbc, tmp_path):
     """sink.write() outside a query owns its prefix as "a batch job"; a streaming query
     on it is refused, and says so."""
     topic = broker.create_topic()
     table = f"guard_{uuid.uuid4().hex[:10]}"
-    sink = _sink(broker, postgres_jdbc, topic=topic, dbtable=table)
-    sink.write(_frame(spark, ["x"], 1), batch_id=0)
+    sink = make_sink(broker, postgres_jdbc, topic=topic, dbtable=table)
+    sink.write(make_frame(spark, ["x"], 1), batch_id=0)
     _files(tmp_path / "in", "0", ["y"])
     query = _stream(spark, tmp_path / "in", tmp_path / "ckpt", sink)
     assert "a batch job" in str(query.exception())
-    assert _sides(broker, topic, postgres_jdbc, table, 1) == (["x"], ["x"])
+    assert kafka_and_table(broker, topic, postgres_jdbc, table, 1) == (["x"], ["x"])
 
 
 # ------------------------------------------------------------------ replay shape
+@pytest.mark.adversary
 @pytest.mark.guarantee("5.4")
 def test_a_replay_with_another_partition_count_is_refused_naming_the_batch(
     spark, broker, postgres_jdbc, tmp_path
@@ -141,19 +118,22 @@ def test_a_replay_with_another_partition_count_is_refused_naming_the_batch(
     folder.mkdir()
     values = [f"v{i}" for i in range(80)]
     hook = spark_hooks.FailPartition(str(folder), partition=2, batch=3)
-    failing = _sink(broker, postgres_jdbc, topic=topic, dbtable=table, on_step=hook)
+    failing = make_sink(broker, postgres_jdbc, topic=topic, dbtable=table, on_step=hook)
     with pytest.raises(Exception, match="injected failure of partition 2"):
-        failing.write(_frame(spark, values, 4), batch_id=3)
-    kafka, rows = _sides(broker, topic, postgres_jdbc, table, 0)
+        failing.write(make_frame(spark, values, 4), batch_id=3)
+    kafka, rows = kafka_and_table(broker, topic, postgres_jdbc, table, 0)
     assert kafka == rows and 0 < len(rows) < len(values)  # three partitions committed
-    sink = _sink(broker, postgres_jdbc, failing.prefix, topic=topic, dbtable=table)
+    sink = make_sink(broker, postgres_jdbc, failing.prefix, topic=topic, dbtable=table)
     with pytest.raises(ReplayMismatchError, match=r"batch 3 .* 4 partitions .* with 2"):
-        sink.write(_frame(spark, values, 2), batch_id=3)
-    assert _sides(broker, topic, postgres_jdbc, table, len(rows)) == (kafka, rows)
-    sink.write(_frame(spark, values, 4), batch_id=3)
-    assert _sides(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
+        sink.write(make_frame(spark, values, 2), batch_id=3)
+    assert kafka_and_table(broker, topic, postgres_jdbc, table, len(rows)) == (kafka, rows)
+    sink.write(make_frame(spark, values, 4), batch_id=3)
+    assert (
+        kafka_and_table(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
+    )
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("5.4")
 def test_a_batch_that_committed_nothing_may_be_replayed_with_another_shape(
     spark, broker, postgres_jdbc, tmp_path
@@ -165,15 +145,18 @@ def test_a_batch_that_committed_nothing_may_be_replayed_with_another_shape(
     folder = tmp_path / "faults"
     folder.mkdir()
     values = [f"v{i}" for i in range(10)]
-    failing = _sink(broker, postgres_jdbc, topic=topic, dbtable=table,
+    failing = make_sink(broker, postgres_jdbc, topic=topic, dbtable=table,
                     on_step=spark_hooks.FailPartition(str(folder), partition=0))  # fmt: skip
     with pytest.raises(Exception, match="injected failure"):
-        failing.write(_frame(spark, values, 1), batch_id=0)
-    sink = _sink(broker, postgres_jdbc, failing.prefix, topic=topic, dbtable=table)
-    sink.write(_frame(spark, values, 3), batch_id=0)
-    assert _sides(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
+        failing.write(make_frame(spark, values, 1), batch_id=0)
+    sink = make_sink(broker, postgres_jdbc, failing.prefix, topic=topic, dbtable=table)
+    sink.write(make_frame(spark, values, 3), batch_id=0)
+    assert (
+        kafka_and_table(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
+    )
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("5.5")
 def test_a_partition_left_prepared_is_committed_before_the_next_batch(
     spark, broker, jdbc_url, tmp_path
@@ -184,8 +167,8 @@ def test_a_partition_left_prepared_is_committed_before_the_next_batch(
     batch, and both sides agree (before: it stayed open until Kafka timed it out)."""
     topic = broker.create_topic(partitions=2)
     table = f"guard_{uuid.uuid4().hex[:10]}"
-    sink = _sink(broker, jdbc_url, topic=topic, dbtable=table)
-    sink.write(_frame(spark, ["first"], 1), batch_id=0)  # creates the tables
+    sink = make_sink(broker, jdbc_url, topic=topic, dbtable=table)
+    sink.write(make_frame(spark, ["first"], 1), batch_id=0)  # creates the tables
     # What partition 1's task of batch 1 did before it died, as the sink does it.
     mapping = Mapping.check(spark.createDataFrame([], "value string").schema, topic)
 
@@ -204,11 +187,12 @@ def test_a_partition_left_prepared_is_committed_before_the_next_batch(
             .values(sink=sink.prefix, query_id="", batch_id=1, partition_id=1)
         )
     task.close()  # the prepared transaction stays open
-    sink.write(_frame(spark, ["next"], 1), batch_id=2)
-    assert _sides(broker, topic, jdbc_url, table, 3) == (["first", "left", "next"],) * 2
+    sink.write(make_frame(spark, ["next"], 1), batch_id=2)
+    assert kafka_and_table(broker, topic, jdbc_url, table, 3) == (["first", "left", "next"],) * 2
 
 
 # ------------------------------------------------------------------ replays do nothing
+@pytest.mark.adversary
 @pytest.mark.guarantee("5.6")
 def test_a_replayed_partition_does_no_commit_cycle_and_fires_no_steps(
     spark, broker, postgres_jdbc, tmp_path
@@ -217,9 +201,9 @@ def test_a_replayed_partition_does_no_commit_cycle_and_fires_no_steps(
     table = f"guard_{uuid.uuid4().hex[:10]}"
     steps = tmp_path / "steps"
     steps.mkdir()
-    sink = _sink(broker, postgres_jdbc, topic=topic, dbtable=table,
+    sink = make_sink(broker, postgres_jdbc, topic=topic, dbtable=table,
                  on_step=spark_hooks.RecordSteps(str(steps)))  # fmt: skip
-    df = _frame(spark, [f"v{i}" for i in range(10)], 2)
+    df = make_frame(spark, [f"v{i}" for i in range(10)], 2)
     sink.write(df, batch_id=0)
     fired = {p.name for p in steps.iterdir()}
     assert any(name.endswith("after_kafka_commit") for name in fired)
@@ -228,6 +212,7 @@ def test_a_replayed_partition_does_no_commit_cycle_and_fires_no_steps(
 
 
 # ------------------------------------------------------------------ fresh database, many tasks
+@pytest.mark.adversary
 @pytest.mark.guarantee("5.7")
 def test_the_first_batch_on_a_fresh_database_needs_no_retry(spark, broker, jdbc_url, tmp_path):
     """Eight partitions on a database with none of the sink's tables, the state table
@@ -238,17 +223,18 @@ def test_the_first_batch_on_a_fresh_database_needs_no_retry(spark, broker, jdbc_
     steps = tmp_path / "steps"
     steps.mkdir()
     suffix = uuid.uuid4().hex[:8]
-    sink = _sink(broker, jdbc_url, topic=topic, dbtable=table, state_table=f"state_{suffix}",
+    sink = make_sink(broker, jdbc_url, topic=topic, dbtable=table, state_table=f"state_{suffix}",
                  commits_table=f"commits_{suffix}",
                  on_step=spark_hooks.RecordSteps(str(steps)))  # fmt: skip
     values = [f"v{i}" for i in range(80)]
-    sink.write(_frame(spark, values, 8), batch_id=0)
+    sink.write(make_frame(spark, values, 8), batch_id=0)
     attempts = {name.split("-")[2] for name in (p.name for p in steps.iterdir())}
     assert attempts == {"0"}
-    assert _sides(broker, topic, jdbc_url, table, len(values)) == (sorted(values),) * 2
+    assert kafka_and_table(broker, topic, jdbc_url, table, len(values)) == (sorted(values),) * 2
 
 
 # ------------------------------------------------------------------ cached writers
+@pytest.mark.adversary
 @pytest.mark.guarantee("5.8")
 def test_a_cached_writer_that_lost_its_id_is_replaced(spark, broker, postgres_jdbc):
     """After batch 0 the workers keep their writers. Another writer takes partition 0's
@@ -256,13 +242,13 @@ def test_a_cached_writer_that_lost_its_id_is_replaced(spark, broker, postgres_jd
     replaces the cached writer, and both sides hold every row once."""
     topic = broker.create_topic()
     table = f"guard_{uuid.uuid4().hex[:10]}"
-    sink = _sink(broker, postgres_jdbc, topic=topic, dbtable=table)
-    sink.write(_frame(spark, ["a", "b"], 1), batch_id=0)
+    sink = make_sink(broker, postgres_jdbc, topic=topic, dbtable=table)
+    sink.write(make_frame(spark, ["a", "b"], 1), batch_id=0)
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"{sink.prefix}-0"}
     with DualWriter(conf, postgres_jdbc):
         pass  # start(): a newer owner, and the cached producer is fenced in Kafka
-    sink.write(_frame(spark, ["c"], 1), batch_id=1)
-    assert _sides(broker, topic, postgres_jdbc, table, 3) == (["a", "b", "c"],) * 2
+    sink.write(make_frame(spark, ["c"], 1), batch_id=1)
+    assert kafka_and_table(broker, topic, postgres_jdbc, table, 3) == (["a", "b", "c"],) * 2
 
 
 @pytest.mark.guarantee("5.9")
@@ -282,10 +268,13 @@ def test_a_schema_qualified_table_with_spark_style_options(spark, broker, postgr
         }
     )
     values = [f"v{i}" for i in range(7)]
-    sink.write(_frame(spark, values, 2), batch_id=0)
-    assert _sides(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
+    sink.write(make_frame(spark, values, 2), batch_id=0)
+    assert (
+        kafka_and_table(broker, topic, postgres_jdbc, table, len(values)) == (sorted(values),) * 2
+    )
 
 
+@pytest.mark.adversary
 @pytest.mark.parametrize("driver_settles", [True, False], ids=["fenced", "guard"])
 @pytest.mark.guarantee("5.4")
 def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(
@@ -311,10 +300,10 @@ def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(
         return spark.sparkContext.parallelize(rows, partitions).toDF("value string")
 
     hook = spark_hooks.FailPartition(str(folder), partition=0, batch=7)
-    failing = _sink(broker, jdbc_url, topic=topic, dbtable=table, on_step=hook)
+    failing = make_sink(broker, jdbc_url, topic=topic, dbtable=table, on_step=hook)
     with pytest.raises(Exception, match="injected failure"):
         failing.write(frame(1), batch_id=7)  # records the batch; nothing commits
-    sink = _sink(broker, jdbc_url, failing.prefix, topic=topic, dbtable=table)
+    sink = make_sink(broker, jdbc_url, failing.prefix, topic=topic, dbtable=table)
     first_run = frame(4)
     sink._prepare(Mapping.check(first_run.schema, topic)).record_batch("", 7, 4, None)
     leftover_rows = first_run.rdd.glom().collect()[3]
@@ -338,7 +327,7 @@ def test_a_leftover_attempt_of_a_reshaped_batch_writes_nothing(
             leftover._transaction(zombie, commits, marker, iter(leftover_rows))
     finally:
         zombie.close()
-    assert _sides(broker, topic, jdbc_url, table, len(values)) == (sorted(values),) * 2
+    assert kafka_and_table(broker, topic, jdbc_url, table, len(values)) == (sorted(values),) * 2
 
 
 @pytest.mark.guarantee("5.9")
@@ -347,10 +336,10 @@ def test_binary_headers_reach_kafka(spark, broker, postgres_jdbc):
     bytearray header would fail every batch with headers)."""
     topic = broker.create_topic()
     table = f"guard_{uuid.uuid4().hex[:10]}"
-    sink = _sink(broker, postgres_jdbc, topic=topic, dbtable=table)
+    sink = make_sink(broker, postgres_jdbc, topic=topic, dbtable=table)
     df = spark.sql(
         "SELECT 'k' AS key, 'v' AS value, "
         "array(named_struct('key', 'h', 'value', CAST('x' AS BINARY))) AS headers"
     )
     sink.write(df, batch_id=0)
-    assert _sides(broker, topic, postgres_jdbc, table, 1) == (["v"], ["v"])
+    assert kafka_and_table(broker, topic, postgres_jdbc, table, 1) == (["v"], ["v"])

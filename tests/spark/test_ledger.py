@@ -198,9 +198,9 @@ def test_prefixes_differing_in_case_keep_their_own_markers(jdbc_url: str) -> Non
 
 
 def test_commits_tables_that_ignore_case_are_refused_naming_the_fix(mariadb_jdbc: str) -> None:
-    """Commits tables created by an earlier kafka-txn on MariaDB (the default collation,
-    which ignores case) are refused with the statements that fix them; after those ran,
-    the sink goes on."""
+    """Commits tables whose id columns have MariaDB's default collation (which ignores
+    case), as made by hand or by another tool, are refused with the statements that fix
+    them; after those ran, the sink goes on."""
     engine = create_engine(jdbc_to_sqlalchemy(mariadb_jdbc))
     commits = f"commits_{uuid.uuid4().hex[:8]}"
     upper, _ = _ledgers(engine, commits)
@@ -209,7 +209,7 @@ def test_commits_tables_that_ignore_case_are_refused_naming_the_fix(mariadb_jdbc
         copy = table.to_metadata(old)
         for col in copy.c:
             if isinstance(col.type, String):
-                col.type = String(col.type.length)  # as created before the fix
+                col.type = String(col.type.length)  # the default collation: no COLLATE
         copy.create(engine)
     try:
         with pytest.raises(ConfigurationError, match="case") as refused:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from sqlalchemy import create_engine
 
-from kafka_txn import ConfigurationError
+from kafka_txn import ConfigurationError, TransactionalProducer
 from kafka_txn.config import TWO_PHASE_COMMIT_KEY
 from kafka_txn.spark.options import _REFUSED, _spark_spelling, with_isolation
 from kafka_txn.spark.sink import KafkaJdbcSink
@@ -484,3 +485,34 @@ def test_fuzzing_the_options_reaches_every_branch():
         )
     assert_every_branch(counts, SINK_BRANCHES)
     assert counts["valid"] >= 50, counts
+
+
+@pytest.mark.adversary
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"acks": "1"},
+        {"max.in.flight.requests.per.connection": 10},
+        {"retries": 0},
+        {"message.max.bytes": 100},
+    ],
+    ids=["acks=1", "max.in.flight=10", "retries=0", "message.max.bytes=100"],
+)
+def test_kafka_settings_a_task_producer_refuses_are_refused_when_the_sink_is_built(
+    tmp_path: Path, setting: dict[str, Any]
+) -> None:
+    """docs/guide/spark.md, 5.9: "The Kafka settings are checked on the driver too, when
+    the sink is built, the way each task's TransactionalProducer checks them": a setting
+    every task's producer refuses is refused by KafkaJdbcSink(...), not inside every task
+    of the first batch."""
+    conf = {"bootstrap.servers": "127.0.0.1:9", "transactional.id": "sink-0", **setting}
+    with pytest.raises(ConfigurationError):  # what each task's producer does
+        TransactionalProducer(conf).close()
+    with pytest.raises(ConfigurationError):
+        KafkaJdbcSink(
+            transactional_id_prefix="sink",
+            kafka={"bootstrap.servers": "127.0.0.1:9", **setting},
+            topic="t",
+            url=f"jdbc:sqlite:{tmp_path / 'db.sqlite'}",
+            dbtable="t",
+        )

@@ -25,6 +25,8 @@ from tests.support import spark_hooks
 from tests.support.apache_kafka import FAST_TIMEOUT_ABORTS, ApacheKafka, running
 from tests.support.rig import Broker
 
+pytestmark = pytest.mark.adversary
+
 _TXN_TIMEOUT_MS = 6000
 _OUTAGE_S = 10.0
 """Longer than transaction.timeout.ms, which is also the writers' operation timeout."""

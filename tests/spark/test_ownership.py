@@ -1,132 +1,37 @@
-"""The PySpark sink and what it relies on, under adversaries: schedules against the
-documented promises of docs/guarantees.md section 5 and docs/guide/spark.md, in Spark local
-mode (the session-wide ``spark`` fixture), on the local broker, checked with kafka-python's
-read_committed consumer and direct SQL. A strict xfail marks a documented promise that
-the schedule breaks."""
+"""Which query owns a sink's prefix (guarantee 5.3, docs/guide/spark.md): the query id is
+read from a thread-local Spark property, so a foreachBatch function that writes from a
+worker thread is still the query's (and refused when the query restarts from a fresh
+checkpoint), a plain thread writing another DataFrame while the query runs is refused
+unless it names itself a batch job or names the query, and two sinks on one prefix, in
+one query or as batch jobs, are refused. Spark local mode (the session-wide ``spark``
+fixture), the local broker, kafka-python's read_committed consumer and direct SQL."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
-from kafka_txn import TransactionalProducer
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.errors import ConfigurationError, SinkOwnershipError
-from kafka_txn.spark.sink import KafkaJdbcSink
 from tests.support.databases import drop_tables, unique_name
 from tests.support.rig import Broker
+from tests.support.spark_sinks import ROW_SCHEMA as SCHEMA
+from tests.support.spark_sinks import kafka_values as _kafka_values
+from tests.support.spark_sinks import make_sink
+from tests.support.spark_sinks import rows as _rows
+from tests.support.spark_sinks import table_values as _table_values
 
-SCHEMA = "id INT, value STRING"
-
-
-@dataclass(frozen=True)
-class KillAttemptsOf:
-    """SIGKILL the Python worker running ``partition`` of ``batch`` at ``step``, on every
-    attempt (the job then fails once Spark's retries run out). Runs in Spark's workers:
-    a picklable object of an importable module."""
-
-    batch: int
-    partition: int
-    step: str
-
-    def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
-        if (step, batch_id, partition) == (self.step, self.batch, self.partition):
-            os.kill(os.getpid(), signal.SIGKILL)
+pytestmark = [pytest.mark.broker, pytest.mark.adversary]
 
 
 def _sink(broker: Broker, jdbc: str, prefix: str, table: str, topic: str, **extra: Any) -> Any:
-    return KafkaJdbcSink(
-        transactional_id_prefix=prefix,
-        kafka={"bootstrap.servers": broker.bootstrap_servers, **extra.pop("kafka", {})},
-        topic=topic,
-        url=jdbc,
-        dbtable=table,
-        **extra,
-    )
-
-
-def _rows(first: int, count: int) -> list[tuple[int, str]]:
-    return [(i, f"v{i}") for i in range(first, first + count)]
-
-
-def _table_values(jdbc: str, table: str) -> list[str]:
-    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
-    try:
-        with engine.connect() as conn:
-            return sorted(conn.execute(text(f"SELECT value FROM {table}")).scalars())
-    finally:
-        engine.dispose()
-
-
-def _kafka_values(broker: Broker, topic: str, expected: int) -> list[str]:
-    return sorted(
-        (v or b"").decode() for _, v in broker.read_committed(topic, expected, timeout=20)
-    )
-
-
-def _abort_leftover(broker: Broker, transactional_id: str) -> None:
-    """Initialise ``transactional_id`` once, aborting whatever it left open (cleanup)."""
-    producer = TransactionalProducer(
-        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": transactional_id}
-    )
-    try:
-        producer.init_transactions()
-    finally:
-        producer.close()
-
-
-# ---------------------------------------------------------------------------------------
-# 5.5: a Kafka transaction whose task died before its database commit is not in the
-# state table (its row rolled back, still completed): the driver settles the ids above
-# the batch's partition count once a batch used them.
-
-
-@pytest.mark.guarantee("5.5")
-def test_a_transaction_left_open_before_the_database_commit_is_settled_before_the_next_batch(
-    spark: Any, broker: Broker, postgres_jdbc: str
-) -> None:
-    topic = broker.create_topic(1)
-    table = unique_name("rt4_open")
-    prefix = f"rt4-open-{uuid.uuid4().hex[:8]}"
-    rows = _rows(0, 6)
-    sink = _sink(
-        broker, postgres_jdbc, prefix, table, topic,
-        on_step=KillAttemptsOf(batch=7, partition=3, step="after_state_write"),
-        kafka={"transaction.timeout.ms": 600000},
-    )  # fmt: skip
-    try:
-        # Batch 7, first run: 4 partitions, only partition 3 holds rows; every attempt
-        # of it is killed after prepare and the state write, before the database COMMIT.
-        first = spark.createDataFrame(
-            spark.sparkContext.parallelize(range(4), 4).flatMap(lambda i: rows if i == 3 else []),
-            SCHEMA,
-        )
-        assert first.rdd.getNumPartitions() == 4
-        with pytest.raises(Exception, match=r"(?s)Python worker|crash|exited"):
-            sink.write(first, batch_id=7)
-        assert _table_values(postgres_jdbc, table) == []  # nothing of it committed
-        # The batch replayed with another shape (allowed: nothing of it committed), then
-        # the next batch: both on partitions 0 and 1.
-        sink.write(spark.createDataFrame(rows, SCHEMA).repartition(2), batch_id=7)
-        sink.write(spark.createDataFrame(_rows(6, 4), SCHEMA).repartition(2), batch_id=8)
-        assert _table_values(postgres_jdbc, table) == sorted(f"v{i}" for i in range(10))
-        # No transaction of the prefix is left open: the topic's last stable offset is
-        # its high watermark, and every record is visible.
-        assert broker.open_partitions(topic) == {}
-        assert _kafka_values(broker, topic, 10) == sorted(f"v{i}" for i in range(10))
-    finally:
-        _abort_leftover(broker, f"{prefix}-3")
-        sink.close()
-        drop_tables(create_engine(jdbc_to_sqlalchemy(postgres_jdbc)), table)
+    return make_sink(broker, jdbc, prefix, dbtable=table, topic=topic, **extra)
 
 
 # ---------------------------------------------------------------------------------------
@@ -180,6 +85,8 @@ def _in_a_thread(sink: Any, thread_class: Any = threading.Thread) -> Any:
 def test_a_query_writing_from_a_thread_restarted_from_a_fresh_checkpoint_loses_nothing(
     spark: Any, broker: Broker, tmp_path: Path, postgres_jdbc: str
 ) -> None:
+    """A foreachBatch function writing through a worker thread: the write is the query's,
+    so the query restarted from a fresh checkpoint is refused before it writes."""
     topic = broker.create_topic(1)
     table = unique_name("rt4_thread")
     sink = _sink(broker, postgres_jdbc, f"rt4-thread-{uuid.uuid4().hex[:8]}", table, topic)
@@ -284,6 +191,8 @@ def test_writes_from_other_threads_are_the_query_s_or_refused_never_a_batch_job(
 def test_two_sinks_on_one_prefix_in_one_query_are_refused_or_both_written(
     spark: Any, broker: Broker, tmp_path: Path, postgres_jdbc: str
 ) -> None:
+    """Two sinks on one prefix in one query: the second is refused before it writes; batch
+    jobs likewise, until one takes the prefix over with start_over=True."""
     topic_a, topic_b = broker.create_topic(1), broker.create_topic(1)
     table_a, table_b = unique_name("rt4_two_a"), unique_name("rt4_two_b")
     prefix = f"rt4-two-{uuid.uuid4().hex[:8]}"
@@ -319,36 +228,3 @@ def test_two_sinks_on_one_prefix_in_one_query_are_refused_or_both_written(
         for sink in (sink_a, sink_b, *more):
             sink.close()
         drop_tables(create_engine(jdbc_to_sqlalchemy(postgres_jdbc)), table_a, table_b)
-
-
-# ---------------------------------------------------------------------------------------
-# docs/guide/spark.md: "The Kafka settings are checked on the driver too, when the sink is
-# built, the way each task's TransactionalProducer checks them"; 5.9.
-
-
-# 5.9 / spark.md: Kafka settings every task's TransactionalProducer refuses were accepted
-# by KafkaJdbcSink(...) and failed only inside every task of the first batch.
-@pytest.mark.parametrize(
-    "setting",
-    [
-        {"acks": "1"},
-        {"max.in.flight.requests.per.connection": 10},
-        {"retries": 0},
-        {"message.max.bytes": 100},
-    ],
-    ids=["acks=1", "max.in.flight=10", "retries=0", "message.max.bytes=100"],
-)
-def test_kafka_settings_a_task_producer_refuses_are_refused_when_the_sink_is_built(
-    tmp_path: Path, setting: dict[str, Any]
-) -> None:
-    conf = {"bootstrap.servers": "127.0.0.1:9", "transactional.id": "rt4-0", **setting}
-    with pytest.raises(ConfigurationError):  # what each task's producer does
-        TransactionalProducer(conf).close()
-    with pytest.raises(ConfigurationError):
-        KafkaJdbcSink(
-            transactional_id_prefix="rt4",
-            kafka={"bootstrap.servers": "127.0.0.1:9", **setting},
-            topic="t",
-            url=f"jdbc:sqlite:{tmp_path / 'db.sqlite'}",
-            dbtable="t",
-        )

@@ -17,9 +17,21 @@ from kafka_txn.errors import InvalidPreparedStateError, TransactionAbortableErro
 from kafka_txn.spark.ledger import Ledger, commits_table
 from kafka_txn.spark.mapping import Mapping
 from kafka_txn.spark.settle import settle_unfinished
-from tests.spark.test_guards import Interrupted, _frame, _sides, _sink
+from tests.support.adversaries import Interrupted
+from tests.support.databases import drop_tables, unique_name
+from tests.support.spark_hooks import KillEveryAttempt
+from tests.support.spark_sinks import (
+    ROW_SCHEMA,
+    abort_leftover,
+    kafka_and_table,
+    kafka_values,
+    make_frame,
+    make_sink,
+    rows,
+    table_values,
+)
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.adversary]
 
 
 def _leave_prepared(
@@ -57,8 +69,8 @@ def test_unfinished_ids_are_settled_together_and_one_that_fails_stops_the_batch(
     topic = broker.create_topic(partitions=2)
     mapping = Mapping.check(spark.createDataFrame([], "value string").schema, topic)
     table = f"settle_{uuid.uuid4().hex[:10]}"
-    sink = _sink(broker, jdbc_url, topic=topic, dbtable=table)
-    sink.write(_frame(spark, ["first"], 1), batch_id=0)  # creates the tables
+    sink = make_sink(broker, jdbc_url, topic=topic, dbtable=table)
+    sink.write(make_frame(spark, ["first"], 1), batch_id=0)  # creates the tables
     for p in range(1, 5):
         _leave_prepared(broker, jdbc_url, sink, mapping, topic, table, p)
     engine = create_engine(jdbc_to_sqlalchemy(jdbc_url))
@@ -77,7 +89,7 @@ def test_unfinished_ids_are_settled_together_and_one_that_fails_stops_the_batch(
             )
         assert ledger.unfinished() == [f"{sink.prefix}-{p}" for p in range(1, 7)]
         with pytest.raises(InvalidPreparedStateError) as raised:
-            sink.write(_frame(spark, ["next"], 1), batch_id=2)
+            sink.write(make_frame(spark, ["next"], 1), batch_id=2)
         notes = "\n".join(getattr(raised.value, "__notes__", []))
         assert f"{sink.prefix}-5 could not be settled before the batch, which did not run" in notes
         assert "2 of the 6 unfinished transactional ids failed" in notes
@@ -85,16 +97,16 @@ def test_unfinished_ids_are_settled_together_and_one_that_fails_stops_the_batch(
         # 1-4 settled all the same; the batch wrote nothing.
         assert ledger.unfinished() == [f"{sink.prefix}-5", f"{sink.prefix}-6"]
         left = [f"left{p}" for p in range(1, 5)]
-        assert _sides(broker, topic, jdbc_url, table, 5) == (sorted(["first", *left]),) * 2
+        assert kafka_and_table(broker, topic, jdbc_url, table, 5) == (sorted(["first", *left]),) * 2
         with engine.begin() as conn:
             conn.execute(
                 update(state)
                 .where(state.c.transactional_id.in_([f"{sink.prefix}-5", f"{sink.prefix}-6"]))
                 .values(prepared_txn_state="")
             )
-        sink.write(_frame(spark, ["next"], 1), batch_id=2)
+        sink.write(make_frame(spark, ["next"], 1), batch_id=2)
         everything = sorted(["first", "next", *left])
-        assert _sides(broker, topic, jdbc_url, table, 6) == (everything,) * 2
+        assert kafka_and_table(broker, topic, jdbc_url, table, 6) == (everything,) * 2
         assert ledger.unfinished() == []
     finally:
         sink.close()
@@ -161,3 +173,53 @@ def test_a_failure_that_is_not_about_one_id_stops_further_settles(broker, postgr
         assert sorted(v.decode() for _, v in broker.read_committed(topic, expected=3)) == tids
     finally:
         engine.dispose()
+
+
+# 5.5: a Kafka transaction whose task died before its database commit is not in the
+# state table (its row rolled back, still completed): the driver settles the ids above
+# the batch's partition count once a batch used them.
+
+
+@pytest.mark.guarantee("5.5")
+def test_a_transaction_left_open_before_the_database_commit_is_settled_before_the_next_batch(
+    spark: Any, broker: Any, postgres_jdbc: str
+) -> None:
+    """Partition 3 of a 4-partition batch killed on every attempt between its state write
+    and its database COMMIT, the batch replayed on 2 partitions, then the next batch:
+    the transaction id 3 left open is settled, nothing of the prefix stays open, and
+    both sides hold every row once."""
+    topic = broker.create_topic(1)
+    table = unique_name("settle_open")
+    prefix = f"settle-open-{uuid.uuid4().hex[:8]}"
+    first_rows = rows(0, 6)
+    sink = make_sink(
+        broker, postgres_jdbc, prefix, dbtable=table, topic=topic,
+        on_step=KillEveryAttempt(batch=7, partition=3, step="after_state_write"),
+        kafka={"transaction.timeout.ms": 600000},
+    )  # fmt: skip
+    try:
+        # Batch 7, first run: 4 partitions, only partition 3 holds rows; every attempt
+        # of it is killed after prepare and the state write, before the database COMMIT.
+        first = spark.createDataFrame(
+            spark.sparkContext.parallelize(range(4), 4).flatMap(
+                lambda i: first_rows if i == 3 else []
+            ),
+            ROW_SCHEMA,
+        )
+        assert first.rdd.getNumPartitions() == 4
+        with pytest.raises(Exception, match=r"(?s)Python worker|crash|exited"):
+            sink.write(first, batch_id=7)
+        assert table_values(postgres_jdbc, table) == []  # nothing of it committed
+        # The batch replayed with another shape (allowed: nothing of it committed), then
+        # the next batch: both on partitions 0 and 1.
+        sink.write(spark.createDataFrame(first_rows, ROW_SCHEMA).repartition(2), batch_id=7)
+        sink.write(spark.createDataFrame(rows(6, 4), ROW_SCHEMA).repartition(2), batch_id=8)
+        assert table_values(postgres_jdbc, table) == sorted(f"v{i}" for i in range(10))
+        # No transaction of the prefix is left open: the topic's last stable offset is
+        # its high watermark, and every record is visible.
+        assert broker.open_partitions(topic) == {}
+        assert kafka_values(broker, topic, 10) == sorted(f"v{i}" for i in range(10))
+    finally:
+        abort_leftover(broker, f"{prefix}-3")
+        sink.close()
+        drop_tables(create_engine(jdbc_to_sqlalchemy(postgres_jdbc)), table)

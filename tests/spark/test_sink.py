@@ -59,6 +59,7 @@ def _assert_exactly_once(broker, topic: str, jdbc: str, table: str, expected: li
     assert _db_values(jdbc, table) == sorted(expected)
 
 
+@pytest.mark.adversary
 @pytest.mark.parametrize("db", ["postgresql", "sqlite", "sqlite-relative-path"])
 @pytest.mark.guarantee("5.1")
 def test_batch_write_and_replay(spark, broker, db, postgres_jdbc, tmp_path, monkeypatch):
@@ -105,6 +106,7 @@ def _input_files(folder: Path, files: int, rows: int) -> list[str]:
     return values
 
 
+@pytest.mark.adversary
 @pytest.mark.timeout(600)  # a streaming query bounded by 300 s, then the checks
 @pytest.mark.parametrize(
     ("hook", "injected"),
@@ -139,6 +141,7 @@ def test_task_retries_are_exactly_once(
     _assert_exactly_once(broker, topic, postgres_jdbc, table, values)
 
 
+@pytest.mark.adversary
 @pytest.mark.timeout(900)  # two runs of the query, each bounded by 300 s
 @pytest.mark.guarantee("5.1")
 def test_query_killed_mid_batch_and_restarted_from_checkpoint(

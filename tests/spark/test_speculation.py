@@ -52,10 +52,10 @@ from typing import Any
 import pytest
 
 from tests.apps.spark_speculation_app import HOSTS, PARTITIONS
-from tests.spark.test_cluster import _input_files, _run, assert_input_exactly_once
+from tests.support.spark_apps import assert_input_exactly_once, input_files, run_app
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.adversary]
 
 
 def _events(folder: Path) -> list[dict[str, Any]]:
@@ -68,13 +68,13 @@ def _events(folder: Path) -> list[dict[str, Any]]:
 def test_sink_with_speculation_and_a_task_killed_after_its_database_commit(
     broker, postgres_jdbc, tmp_path
 ):
-    values = _input_files(tmp_path / "in")
+    values = input_files(tmp_path / "in")
     topic = broker.create_topic(partitions=2)
     table = f"speculation_{uuid.uuid4().hex[:10]}"
     faults, work = tmp_path / "faults", tmp_path / "work"
     faults.mkdir()
     work.mkdir()
-    done = _run(
+    done = run_app(
         [sys.executable, str(ROOT / "tests" / "apps" / "spark_speculation_app.py"),
          "--input", str(tmp_path / "in"), "--checkpoint", str(tmp_path / "ckpt"),
          "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic,

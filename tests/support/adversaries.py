@@ -1,8 +1,8 @@
-"""Helpers shared by the adversarial test files (test_producer_adversaries,
-test_redteam_producer_2, test_redteam_3_producer, test_redteam_dualwrite_2,
-test_redteam_3_dualwrite): the stand-ins for a signal, the proxied and two-phase
-producer configurations, the prepared-then-crashed producer, and the dual-write tables,
-hooks and checks those files build their schedules from.
+"""Helpers the adversarial schedules (``pytest -m adversary``) of several feature folders
+share: the stand-ins for a signal, the proxied and two-phase producer configurations, the
+prepared-then-crashed producer, a stand-in for the DescribeTransactions the mock cluster
+lacks, a successor initialising while an answer is held, and the dual-write tables,
+writers, hooks, child processes and checks the dual-write schedules are built from.
 
 A test module takes a fixture from here by naming it at module level (``proxy =
 support.proxy``), as pytest collects the fixtures a module holds."""
@@ -11,22 +11,36 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import tenacity
-from sqlalchemy import Table, event, text
+from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.engine import Engine
 
 from kafka_txn import PreparedTxnState, TransactionalProducer
+from kafka_txn.coordinator.client import TransactionDescription
+from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
 from kafka_txn.twophase.recovery import TransactionOutcome
-from tests.proxies.kafka_proxy import KafkaProxy
-from tests.support.databases import sorted_values, unique_name
+from tests.proxies.kafka_proxy import KafkaProxy, Request
+from tests.support.databases import (
+    drop_tables,
+    id_value_table,
+    sorted_values,
+    sqlite_jdbc,
+    unique_name,
+)
 from tests.support.rig import Broker
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 # --------------------------------------------------------------------------- signals
 
@@ -170,6 +184,45 @@ def record_commit_timeouts(producer: TransactionalProducer) -> RecordingProducer
     return stand_in
 
 
+def stand_in_describe(producer: TransactionalProducer) -> None:
+    """librdkafka's mock cluster has no DescribeTransactions (API 65), which prepare
+    needs; this answers it as Apache Kafka would for the producer's own open transaction,
+    so that prepare succeeds and librdkafka's real EndTxn error handling can be driven."""
+    twophase = producer._twophase
+    assert twophase is not None
+
+    def describe() -> TransactionDescription:
+        pid, epoch = twophase.identity.identity or (-1, -1)
+        return TransactionDescription(
+            producer.transactional_id, "Ongoing", pid, epoch, 60_000, int(time.time() * 1000)
+        )
+
+    twophase.client.describe = describe  # type: ignore[method-assign]
+
+
+def successor_initialises_before_the_answer(
+    broker: Broker, txn_id: str, started: list[TransactionalProducer], errors: list[BaseException]
+) -> Any:
+    """A Fail rule's edit (tests/proxies/kafka_proxy.py): runs once the broker has
+    answered the forwarded request (the coordinator applied it) and before the proxy hands
+    the made-up error to the client. A successor with the same transactional id, talking
+    to the broker directly, initialises meanwhile (fencing the first producer), and is
+    appended to ``started``; the first gets its answer only once that init returned."""
+
+    def edit(_request: Request, _response: Any) -> None:
+        successor = TransactionalProducer(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id},
+            operation_timeout=20,
+        )
+        started.append(successor)
+        try:
+            successor.init_transactions()
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    return edit
+
+
 def three_inputs(broker: Broker, txn_id: str) -> tuple[str, str]:
     """A source topic holding in-0, in-1, in-2 (committed) and an empty sink topic."""
     source = broker.create_topic(partitions=1)
@@ -210,6 +263,75 @@ def names_fixture(prefix: str) -> Any:
         yield {"events": unique_name(f"{prefix}_events"), "state": unique_name(f"{prefix}_state")}
 
     return names
+
+
+def jdbc_of(database: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The JDBC URL of ``database`` (postgresql, mariadb or sqlite) for this test: the
+    servers' fixtures, or an SQLite file in ``tmp_path``."""
+    if database == "sqlite":
+        return sqlite_jdbc(tmp_path)
+    fixture = "mariadb_jdbc" if database == "mariadb" else "postgres_jdbc"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def make_writer(broker: Broker) -> Iterator[Callable[..., DualWriter]]:
+    """DualWriters on a state table of the test's choosing (lock timeout 5 s); closed,
+    their state table and ``tables`` dropped at the end."""
+    made: list[tuple[DualWriter, list[str]]] = []
+
+    def make(txn_id: str, jdbc: str, *, state_table: str, tables: list[str]) -> DualWriter:
+        writer = DualWriter(
+            {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id},
+            jdbc,
+            state_table=state_table,
+            lock_timeout=5.0,
+        )
+        made.append((writer, [state_table, *tables]))
+        return writer
+
+    yield make
+    for writer, tables in made:
+        writer.close()
+        drop_tables(writer.engine, *tables)
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[tuple[str, list[str]]]]:
+    """(jdbc, tables) to drop at the end of the test."""
+    todo: list[tuple[str, list[str]]] = []
+    yield todo
+    for jdbc, tables in todo:
+        engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+        try:
+            drop_tables(engine, *tables)
+        finally:
+            engine.dispose()
+
+
+def values_in(jdbc: str, table: str) -> list[str]:
+    """The values of the (id, value) table ``table``, sorted, read with SQL."""
+    engine = create_engine(jdbc_to_sqlalchemy(jdbc))
+    try:
+        return sorted_values(engine, id_value_table(table))
+    finally:
+        engine.dispose()
+
+
+def committed_values(broker: Broker, topic: str, expected: int, **read: Any) -> list[str]:
+    """The values a read_committed consumer reads from ``topic``, sorted (``read``: the
+    rest of Broker.read_committed's arguments)."""
+    return sorted((v or b"").decode() for _, v in broker.read_committed(topic, expected, **read))
+
+
+def run_child(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh Python process (``python -c``) that imports this
+    checkout's kafka_txn and tests; its output and exit code (-9: SIGKILLed)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 def mariadb_non_strict(engine: Engine) -> None:

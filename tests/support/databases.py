@@ -65,10 +65,10 @@ _DEFAULT_ID_COLUMNS = {
 
 
 def upgrade_default_tables(jdbc: str) -> None:
-    """MariaDB tables under the default names made by a version before ids were compared
-    exactly get the ALTER that start()'s refusal names (docs/guide/dual-write.md), so that a
-    machine whose database outlived the upgrade runs the tests too. Only case-insensitive
-    id columns are changed; nothing is dropped."""
+    """MariaDB tables under the default names whose id columns ignore case (MariaDB's
+    default collation) get the ALTER that start()'s refusal names (docs/guide/dual-write.md),
+    so that a machine whose database already holds such tables runs the tests too. Only
+    case-insensitive id columns are changed; nothing is dropped."""
     engine = create_engine(jdbc_to_sqlalchemy(jdbc))
     try:
         with engine.begin() as conn:

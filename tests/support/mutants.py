@@ -1,7 +1,7 @@
 """Mutation testing of the modules that carry guarantees (``make mutants``; not part of
 ``make test``): mutmut changes one operator, constant or call at a time in one module and
 runs the tests that reach the changed function; a mutant the tests do not fail on
-"survived", and names a behaviour no test pins down. Results: docs/guarantees.md,
+"survived", and names a behaviour no test pins down. Results: docs/reference/proofs.md,
 "Mutation testing".
 
     python -m tests.support.mutants                      # the fast targets (FAST below)
@@ -11,9 +11,11 @@ runs the tests that reach the changed function; a mutant the tests do not fail o
 Each target runs in a copy of this checkout (``--workdir``, default build/mutants/<target>;
 the checkout itself is never modified), with one local broker started for the whole run
 and named by KAFKA_BOOTSTRAP_SERVERS (the rig's documented override), so that every
-mutant's test session does not start its own. Test files are run fastest first (pytest
-``-x``: a mutant the pure tests kill never reaches the broker tests). Each target writes
-``summary.json`` and ``survivors.txt`` (the diff of every survivor) in its folder.
+mutant's test session does not start its own. A target's tests are its feature's folder
+(``tests/<feature>/``): a test in any file of it that reaches the changed function counts,
+wherever the test was put. Its fastest files run first (pytest ``-x``: a mutant the pure
+tests kill never reaches the broker tests). Each target writes ``summary.json`` and
+``survivors.txt`` (the diff of every survivor) in its folder.
 
 This module is also the pytest plugin (``-p tests.support.mutants``) that orders the tests.
 """
@@ -37,44 +39,61 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ORDER_VARIABLE = "KAFKA_TXN_MUTANTS_ORDER"
-"""Test files, ``:``-separated, in the order their tests run (the plugin below)."""
+"""Test files, ``:``-separated, whose tests run first, in this order (the plugin below)."""
 
 
 @dataclass(frozen=True)
 class Target:
-    """One module and the tests that state its guarantees, fastest file first."""
+    """One module and the tests that state its guarantees."""
 
     module: str
     tests: tuple[str, ...]
+    """What pytest is given: the feature's test folder (every test of every file in it
+    that reaches the changed function counts, whichever file it is in), or files."""
+    first: tuple[str, ...] = ()
+    """Test files run before the rest of ``tests``, fastest first."""
     timeout_s: int = 120
     """pytest-timeout per test: a mutant that loops is killed, not waited for."""
 
 
 TARGETS: dict[str, Target] = {
+    "decisions": Target(
+        "kafka_txn/twophase/decisions.py",
+        ("tests/twophase",),
+        first=("tests/twophase/test_decisions.py",),
+    ),
     "recovery": Target(
         "kafka_txn/twophase/recovery.py",
-        ("tests/twophase/test_decisions.py", "tests/twophase/test_recovery.py"),
+        ("tests/twophase",),
+        first=("tests/twophase/test_decisions.py", "tests/twophase/test_recovery.py"),
     ),
     "lifecycle": Target(
-        "kafka_txn/producer/lifecycle.py", ("tests/producer/test_lifecycle.py",), timeout_s=60
+        "kafka_txn/producer/lifecycle.py",
+        ("tests/producer",),
+        first=("tests/producer/test_lifecycle.py",),
+        timeout_s=60,
     ),
+    # tests/package is no feature's folder (it also builds the sdist and runs every
+    # example): the error table's own files.
     "classification": Target(
         "kafka_txn/classification.py",
         ("tests/package/test_classification.py", "tests/package/test_errors.py"),
+        first=("tests/package/test_classification.py", "tests/package/test_errors.py"),
         timeout_s=60,
     ),
     "twophase": Target(
         "kafka_txn/twophase/prepare.py",
-        (
+        ("tests/twophase",),
+        first=(
             "tests/twophase/test_prepare_overlap.py",
             "tests/twophase/test_prepare_adversaries.py",
             "tests/twophase/test_two_phase.py",
-            "tests/twophase/test_recovery.py",
         ),
     ),
     "dualwrite": Target(
         "kafka_txn/dualwrite/writer.py",
-        (
+        ("tests/dualwrite",),
+        first=(
             "tests/dualwrite/test_writer.py",
             "tests/dualwrite/test_threads.py",
             "tests/dualwrite/test_zombie.py",
@@ -83,15 +102,15 @@ TARGETS: dict[str, Target] = {
     ),
     "producer": Target(
         "kafka_txn/producer/transactional.py",
-        (
+        ("tests/producer", "tests/broker/test_broker.py"),
+        first=(
             "tests/producer/test_lifecycle.py",
             "tests/producer/test_producer.py",
             "tests/producer/test_fault_injection.py",
-            "tests/broker/test_broker.py",
         ),
     ),
 }
-FAST = ("recovery", "lifecycle", "classification")
+FAST = ("decisions", "recovery", "lifecycle", "classification")
 """What ``make mutants`` runs by default: about an hour on a 2-core machine."""
 
 # mutmut's exit-code statuses that count as killed / not killed.
@@ -187,7 +206,7 @@ def run_target(name: str, workdir: Path, max_children: int) -> dict[str, Any]:
     # Made now, not by mutmut: a PYTHONPATH entry missing at interpreter start would stay
     # cached as unimportable (sys.path_importer_cache) when mutmut later adds it too.
     (workdir / "mutants").mkdir()
-    os.environ[ORDER_VARIABLE] = ":".join(target.tests)
+    os.environ[ORDER_VARIABLE] = ":".join(target.first)
     _mutmut(workdir, "run", f"--max-children={max_children}")
     statuses = {
         match[1]: match[2]
@@ -239,7 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---------------------------------------------------------------- pytest plugin
 def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """Run the test files in the order ORDER_VARIABLE lists them (fastest first)."""
+    """Run the test files ORDER_VARIABLE lists first, in its order (fastest first), then
+    the rest of the selection in pytest's order."""
     order = os.environ.get(ORDER_VARIABLE, "").split(":")
 
     def rank(item: Any) -> int:

@@ -222,7 +222,8 @@ def _api_versions(bootstrap: str) -> str:
     """The ApiVersions ranges the first bootstrap broker announces for the APIs we rely on,
     read with kafka-txn's own coordinator connection (read-only use), e.g.
     ``EndTxn v0-3``; an API the broker does not announce reads ``EndTxn absent``."""
-    from kafka_txn.coordinator.connection import BrokerConnection, ConnectionSettings
+    from kafka_txn.coordinator import ConnectionSettings
+    from kafka_txn.coordinator.connection import BrokerConnection
 
     host, _, port = bootstrap.split(",", maxsplit=1)[0].strip().rpartition(":")
     address = (host.strip("[]"), int(port))

@@ -99,3 +99,17 @@ class PauseBrokerInBatch(_Hook):
                 ["sh", "-c", f"sleep {self.seconds}; kill -CONT {self.pid}"],
                 start_new_session=True,
             )
+
+
+@dataclass(frozen=True)
+class KillEveryAttempt:
+    """SIGKILL the Python worker running ``partition`` of ``batch`` at ``step``, on every
+    attempt (the job then fails once Spark's retries run out)."""
+
+    batch: int
+    partition: int
+    step: str
+
+    def __call__(self, step: str, batch_id: int, partition: int, attempt: int) -> None:
+        if (step, batch_id, partition) == (self.step, self.batch, self.partition):
+            os.kill(os.getpid(), signal.SIGKILL)

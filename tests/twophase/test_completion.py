@@ -1,6 +1,9 @@
-"""Adversarial tests of the producer, two-phase commit and the
-exactly-once loop, written from the promises only (README, docs/guarantees.md,
-docs/reference/errors.md, docs/guide/two-phase-commit.md, docs/guide/eos.md).
+"""complete_transaction() and recovery under the schedules that break a completion: a
+signal right after recovery's init, a second instance's init that aborted the stored
+transaction, an EndTxn whose answer is late or an error after the coordinator applied
+it, an abort that ran out of time, a recovery that raises, and a state row of another
+cluster handed to a producer whose own transaction is prepared (guarantees 1.6, 1.9, 2.3,
+2.5, 3.3, 3.6, 3.8 and docs/guide/two-phase-commit.md).
 
 Each test builds its schedule on the local broker (``broker`` fixture; two fresh local
 brokers where a second cluster is needed), through tests/proxies/kafka_proxy.py where the
@@ -8,17 +11,12 @@ coordinator must answer something the broker would not (an EndTxn applied and th
 answered with an error, a late answer, slow metadata), and checks Kafka with
 kafka-python's read_committed consumer (tests/support/rig.py). A signal's exception
 (KeyboardInterrupt) that arrives while a C call of confluent-kafka runs is raised by
-CPython right after that call returns; ``raise_after_c_call`` (tests/support/adversaries.py)
-stands for it, and a signal handler that calls ``close()`` is a profile function that does so.
-
-Tests marked strict xfail show a promise still broken; their reason names it. The
-others guard a promise against the adversary their docstring names, or show an
-adversary under which the promise holds.
+CPython right after that call returns; ``interrupt_after`` (tests/support/adversaries.py)
+stands for it. A strict xfail names a documented non-guarantee in its reason.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,84 +24,37 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from kafka_txn import CommitFailedException, PreparedTxnState, TransactionalProducer
+from kafka_txn import PreparedTxnState, TransactionalProducer, TransactionOutcome
 from kafka_txn.errors import (
-    FatalError,
     IllegalStateError,
     InvalidPreparedStateError,
     KafkaTxnError,
-    TransactionAbortableError,
     TransactionDivergedError,
     TransactionInDoubtError,
     TransactionOutcomeUnknowableError,
     TransactionOutcomeUnknownError,
 )
-from kafka_txn.twophase.recovery import TransactionOutcome
 from tests.proxies.kafka_proxy import ApiKey, KafkaProxy
 from tests.support import adversaries as support
 from tests.support.adversaries import (
     interrupt_after,
-    prefixing_processor,
     prepared_then_crashed,
     record_commit_timeouts,
     recover,
-    three_inputs,
     txn_config,
 )
 from tests.support.rig import Broker, start_noida
 
+pytestmark = pytest.mark.adversary
+
 two_phase_config = support.two_phase_config
 proxy = support.proxy
 
-
-def _order_commits_once_or_is_refused(
-    broker: Broker, producer: TransactionalProducer, topic: str
-) -> None:
-    """The transaction holding the order sent again: prepared and committed with the
-    order once, or refused at prepare and aborted with nothing visible."""
-    try:
-        state = producer.prepare_transaction()
-    except TransactionAbortableError:  # refusing to prepare keeps the promise too
-        producer.abort_transaction()
-        assert broker.read_committed(topic, expected=0) == []
-        return
-    assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
-    assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
-
-
-# --------------------------------------------------------------------------- 2.1
-def test_a_send_that_raised_on_a_signal_is_not_in_the_prepared_transaction(
-    broker: Broker, topic: str, two_phase_config: dict[str, Any]
-) -> None:
-    """Guarantee 2.1: a send that raised on a signal is not in the prepared transaction."""
-    producer = TransactionalProducer(two_phase_config, operation_timeout=20)
-    try:
-        producer.init_transactions()
-        producer.begin_transaction()
-        interrupt_after("produce", lambda: producer.produce(topic, b"order-1", partition=0))
-        # The send raised: by the promise it is not in the transaction, so the caller
-        # sends the order again.
-        producer.produce(topic, b"order-1", partition=0)
-        _order_commits_once_or_is_refused(broker, producer, topic)
-    finally:
-        producer.close(timeout=5)
-
-
-@pytest.mark.parametrize("call", ["produce", "send"])
-@pytest.mark.guarantee("2.1")
-def test_a_send_interrupted_as_it_returns_is_not_in_the_prepared_transaction(
-    broker: Broker, topic: str, two_phase_config: dict[str, Any], call: str
-) -> None:
-    producer = TransactionalProducer(two_phase_config, operation_timeout=20)
-    send = getattr(producer, call)
-    try:
-        producer.init_transactions()
-        producer.begin_transaction()
-        interrupt_after("pop", lambda: send(topic, b"order-1", partition=0))
-        send(topic, b"order-1", partition=0)  # it raised: the caller sends it again
-        _order_commits_once_or_is_refused(broker, producer, topic)
-    finally:
-        producer.close(timeout=5)
+_LOST_ANSWERS = pytest.mark.parametrize(
+    "code",
+    [KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION],
+    ids=["request-timed-out", "network-exception"],
+)
 
 
 # --------------------------------------------------------------------------- 3.8
@@ -134,25 +85,6 @@ def test_complete_again_after_a_signal_right_after_recoverys_init_returns_the_ou
         fresh.close(timeout=5)
 
 
-@pytest.mark.guarantee("1.6")
-def test_init_again_after_a_signal_right_after_librdkafkas_init_leaves_a_usable_producer(
-    broker: Broker, topic: str, producer_config: dict[str, Any]
-) -> None:
-    """Guarantee 1.6: after a signal right after librdkafka's init, calling
-    init_transactions() again leaves a usable producer."""
-    producer = TransactionalProducer(producer_config, operation_timeout=20)
-    try:
-        interrupt_after("init_transactions", producer.init_transactions)
-        assert producer.state == "new"
-        producer.init_transactions()
-        producer.begin_transaction()
-        producer.produce(topic, b"after-the-signal")
-        producer.commit_transaction()
-        assert broker.read_committed(topic, expected=1) == [(None, b"after-the-signal")]
-    finally:
-        producer.close(timeout=5)
-
-
 # --------------------------------------------------------------------------- 3.3
 _SINGLE_BUMP = pytest.mark.xfail(
     strict=True,
@@ -171,6 +103,9 @@ _SINGLE_BUMP = pytest.mark.xfail(
 def test_recovery_never_reports_committed_a_transaction_another_init_aborted(
     broker: Broker, topic: str, two_phase_config: dict[str, Any], request: pytest.FixtureRequest
 ) -> None:
+    """A second instance's plain init aborts the stored prepared transaction and commits
+    one of its own: recovery of the stored state then reports it diverged or
+    unknowable, or, if it says committed, its records are visible."""
     if "noida-db" in broker.description:  # Apache Kafka bumps twice: row 12, unknowable
         request.applymarker(_SINGLE_BUMP)
     # the database committed ``stored``; then the process died
@@ -202,59 +137,6 @@ def test_recovery_never_reports_committed_a_transaction_another_init_aborted(
         ]
     finally:
         fresh.close(timeout=5)
-
-
-# --------------------------------------------------------------------------- 1.3 / README
-_LOST_ANSWERS = pytest.mark.parametrize(
-    "code",
-    [KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION],
-    ids=["request-timed-out", "network-exception"],
-)
-
-
-@_LOST_ANSWERS
-def test_a_commit_the_coordinator_applied_is_never_reported_as_failed(
-    broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str, code: int
-) -> None:
-    """README/errors.md, CommitFailedException: a commit the coordinator applied is never
-    reported as failed when a timeout or network error replaces its answer."""
-    producer = TransactionalProducer(
-        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
-    )
-    try:
-        producer.init_transactions()
-        proxy.fail(ApiKey.END_TXN, code, forward=True, times=1)
-        try:  # the README's recipe
-            with producer.transaction():
-                producer.produce(topic, b"order-1")
-        except CommitFailedException:  # "nothing is visible: rewind inputs and retry"
-            with producer.transaction():
-                producer.produce(topic, b"order-1")
-        except FatalError as exc:  # the outcome is unknown: never retried blindly
-            assert "unknown" in str(exc)
-        assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
-    finally:
-        producer.close(timeout=5)
-
-
-def test_processor_outputs_once_when_the_commits_answer_is_lost_after_it_applied(
-    broker: Broker, proxy: KafkaProxy, txn_id: str
-) -> None:
-    """Guarantee 6.1: the processor outputs each input once when the commit's answer is
-    lost after the coordinator applied it."""
-    source, sink = three_inputs(broker, txn_id)
-    processor = prefixing_processor(broker, proxy.bootstrap_servers, txn_id, source, sink)
-    proxy.fail(ApiKey.END_TXN, KafkaError.REQUEST_TIMED_OUT, forward=True, times=1)
-    try:
-        processor.run(idle_timeout=5)
-    except FatalError:  # the outcome is unknown: a successor with the same id resumes
-        successor = prefixing_processor(broker, broker.bootstrap_servers, txn_id, source, sink)
-        successor.run(idle_timeout=5)
-    assert sorted(broker.read_committed(sink, expected=3)) == [
-        (None, b"out-in-0"),
-        (None, b"out-in-1"),
-        (None, b"out-in-2"),
-    ]
 
 
 # --------------------------------------------------------------------------- 1.9
@@ -358,60 +240,6 @@ def test_recovery_that_raises_committed_nothing(
         fresh.close(timeout=5)
 
 
-# --------------------------------------------------------------------------- 1.1 (holds)
-@pytest.mark.parametrize(
-    "code",
-    [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND],
-    ids=["not-leader", "not-enough-replicas-after-append"],
-)
-def test_a_produce_the_broker_applied_but_answered_with_an_error_commits_once(
-    broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str, code: int
-) -> None:
-    """1.1 under 'the call failing after the decision was made', for Produce: the broker
-    appends the batch and the answer is a retriable error; librdkafka sends the batch
-    again with the same sequence numbers and the broker drops the duplicate."""
-    producer = TransactionalProducer(
-        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
-    )
-    try:
-        producer.init_transactions()
-        rule = proxy.fail(ApiKey.PRODUCE, code, forward=True, times=1)
-        with producer.transaction():
-            assert producer.send(topic, b"once", partition=0).exception(timeout=10) is None
-        assert rule.hits == 1
-        assert broker.read_committed(topic, expected=1) == [(None, b"once")]
-    finally:
-        producer.close(timeout=5)
-
-
-# --------------------------------------------------------------------------- errors.md
-def test_an_init_that_timed_out_says_it_may_have_fenced(
-    broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
-) -> None:
-    """errors.md: the coordinator applied the InitProducerId and only its answer came
-    late. The error says the init may already have fenced older instances (it did): the
-    running instance's commit is refused as fenced and nothing of it is visible."""
-    running = TransactionalProducer(
-        txn_config(broker.bootstrap_servers, txn_id), operation_timeout=20
-    )
-    starting = TransactionalProducer(
-        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=2
-    )
-    try:
-        running.init_transactions()
-        running.begin_transaction()
-        running.send(topic, b"in-flight", partition=0).result(timeout=10)
-        proxy.delay(ApiKey.INIT_PRODUCER_ID, 6000, times=1)  # its answer comes late
-        with pytest.raises(TransactionOutcomeUnknownError, match="may already have fenced"):
-            starting.init_transactions()
-        with pytest.raises(FatalError):  # fenced, as the error warned
-            running.commit_transaction()
-        assert broker.read_committed(topic, expected=0) == []
-    finally:
-        starting.close(timeout=5)
-        running.close(timeout=5)
-
-
 # --------------------------------------------------------------------------- 2.5
 @pytest.mark.guarantee("2.5")
 def test_a_state_of_another_cluster_never_aborts_a_prepared_transaction(
@@ -453,7 +281,7 @@ def test_a_state_of_another_cluster_never_aborts_a_prepared_transaction(
         producer.close(timeout=5)
 
 
-# --------------------------------------------------------------------------- 2.3 (holds)
+# --------------------------------------------------------------------------- 2.3
 @_LOST_ANSWERS
 def test_a_prepared_commit_applied_but_answered_with_an_error_is_recovered_once(
     broker: Broker, topic: str, proxy: KafkaProxy, two_phase_config: dict[str, Any], code: int
@@ -481,40 +309,6 @@ def test_a_prepared_commit_applied_but_answered_with_an_error_is_recovered_once(
     assert broker.read_committed(topic, expected=1) == [(None, b"decided")]
 
 
-# --------------------------------------------------------------------------- close()
-@pytest.mark.guarantee("1.6")
-def test_close_from_a_signal_handler_during_produce_aborts_the_transaction(
-    broker: Broker, topic: str, producer_config: dict[str, Any]
-) -> None:
-    """close() ('An open transaction is aborted within timeout') and guarantee 1.6: close()
-    from a signal handler during produce aborts the transaction."""
-    producer = TransactionalProducer(producer_config, operation_timeout=20)
-    closed: list[str] = []
-
-    def sigterm_handler(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_return" and getattr(arg, "__name__", "") == "produce":
-            sys.setprofile(None)
-            producer.close(timeout=2)  # the handler closes and returns
-            closed.append(producer.state)
-
-    try:
-        producer.init_transactions()
-        producer.begin_transaction()
-        producer.send(topic, b"first", partition=0).result(timeout=10)  # registered
-        sys.setprofile(sigterm_handler)
-        try:
-            producer.produce(topic, b"second", partition=0)
-        except IllegalStateError:
-            pass  # reporting that close() ran is fine too
-        finally:
-            sys.setprofile(None)
-        assert closed == ["closed"]
-        assert broker.open_partitions(topic) == {}, "close() left the transaction open"
-        assert broker.read_committed(topic, expected=0) == []
-    finally:
-        producer.close(timeout=5)
-
-
 # --------------------------------------------------------------------------- 3.6 (noida)
 @pytest.fixture
 def two_local_clusters() -> Iterator[tuple[Broker, Broker]]:
@@ -536,7 +330,7 @@ def two_local_clusters() -> Iterator[tuple[Broker, Broker]]:
     "or cluster)'): every local noida-db 0.2.3 reports the same cluster id "
     "(MkU3OEVBNTctOEUyRi00) and hands the first transactional id producer id 1000, so "
     "the state row of the same id on another local cluster passes "
-    "recovery.check_belongs, is decided by the table (row 8: ALREADY_COMMITTED, its "
+    "decisions.check_belongs, is decided by the table (row 8: ALREADY_COMMITTED, its "
     "start being earlier), and the init after it aborts the transaction this cluster's "
     "decider prepared. Nothing in the state tells the clusters apart on the broker the "
     "tests, the demo and local development use",
@@ -544,6 +338,8 @@ def two_local_clusters() -> Iterator[tuple[Broker, Broker]]:
 def test_a_state_of_another_local_cluster_is_refused(
     two_local_clusters: tuple[Broker, Broker], txn_id: str
 ) -> None:
+    """The state row of the same transactional id from another local cluster is refused
+    with InvalidPreparedStateError, and this cluster's own stored state commits."""
     elsewhere, here = two_local_clusters
     config = {"transactional.id": txn_id, "transaction.two.phase.commit.enable": True}
     their_topic = elsewhere.create_topic(partitions=1)
@@ -575,33 +371,14 @@ def test_a_state_of_another_local_cluster_is_refused(
     assert here.read_committed(our_topic, expected=1) == [(None, b"decided")]
 
 
-# --------------------------------------------------------------------------- 1.13
-@pytest.mark.guarantee("1.13")
-def test_close_never_aborts_a_transaction_whose_commit_was_sent(
-    broker: Broker, topic: str, proxy: KafkaProxy, txn_id: str
-) -> None:
-    producer = TransactionalProducer(
-        txn_config(proxy.bootstrap_servers, txn_id), operation_timeout=20
-    )
-    try:
-        producer.init_transactions()
-        producer.begin_transaction()
-        producer.produce(topic, b"order-1")
-        proxy.fail(ApiKey.END_TXN, KafkaError.REQUEST_TIMED_OUT, forward=True, times=1)
-        with pytest.raises(FatalError):  # the outcome is unknown
-            producer.commit_transaction()
-        sent = proxy.count(ApiKey.END_TXN)
-    finally:
-        producer.close(timeout=5)
-    assert proxy.count(ApiKey.END_TXN) == sent, "close() sent an EndTxn (abort)"
-    assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
-
-
 # --------------------------------------------------------------------------- 1.6 / errors.md
 @pytest.mark.guarantee("1.6")
 def test_complete_again_after_its_abort_ran_out_of_time_finishes_or_names_the_fix(
     broker: Broker, topic: str, proxy: KafkaProxy, two_phase_config: dict[str, Any]
 ) -> None:
+    """complete_transaction("") (the database rolled back) whose EndTxn(abort) answers
+    late: TransactionOutcomeUnknownError; called again it aborts, or refuses naming
+    abort_transaction(), and nothing is visible."""
     producer = TransactionalProducer(
         {**two_phase_config, "bootstrap.servers": proxy.bootstrap_servers}, operation_timeout=20
     )

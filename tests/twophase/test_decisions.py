@@ -1,6 +1,6 @@
-"""Recovery's decision table (kafka_txn/twophase/recovery.py ``decide``), as a pure
-function: every row, its boundaries, and properties over arbitrary coordinator answers.
-No broker."""
+"""Recovery's decision table (kafka_txn/twophase/decisions.py ``decide``), as a pure
+function: every row, its boundaries, and properties over arbitrary coordinator answers;
+the errors and log records of the verdicts (kafka_txn/twophase/recovery.py). No broker."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from kafka_txn import (
     TransactionOutcomeUnknowableError,
 )
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient, TransactionDescription
-from kafka_txn.twophase import recovery
-from kafka_txn.twophase.recovery import (
+from kafka_txn.twophase import decisions, recovery
+from kafka_txn.twophase.decisions import (
     ABORT_STATES,
     COMMIT_STATES,
     RULES,
@@ -135,8 +135,8 @@ def _table_lines(text: str) -> dict[int, str]:
 
 @pytest.mark.parametrize(
     "text",
-    [recovery.__doc__ or "", (ROOT / "docs" / "guide" / "two-phase-commit.md").read_text()],
-    ids=["recovery.py docstring", "docs/guide/two-phase-commit.md"],
+    [decisions.__doc__ or "", (ROOT / "docs" / "guide" / "two-phase-commit.md").read_text()],
+    ids=["decisions.py docstring", "docs/guide/two-phase-commit.md"],
 )
 @pytest.mark.guarantee("3.3")
 def test_the_documented_tables_match_the_rules(text: str):
@@ -301,8 +301,8 @@ def test_the_state_groups_are_disjoint():
 
 
 # ---------------------------------------------------------------- outcomes, errors, logs
-# Found by mutation testing (make mutants): the decision table was pinned down, what
-# recovery says and logs about each verdict was not. The fix each error tells the
+# What recovery says and logs about each verdict, which the decision table tests above do
+# not pin down (mutation testing, make mutants, shows it): the fix each error tells the
 # operator, the fields it carries, and the structured log fields (docs/guide/operations.md).
 _TID = "orders-0"
 _DIVERGED_FIX = (

@@ -1,6 +1,7 @@
 """Two-phase commit on one producer against its adversaries: threads sending while another
-thread prepares, a commit that fails after the decision, and a prepare that fails inside
-the coordinator call. Each schedule is a test (scenarios 2, 3 and 5 below)."""
+thread prepares, a commit that fails after the decision, a prepare that fails inside
+the coordinator call (scenarios 2, 3 and 5 below), and a send interrupted by a signal
+before prepare. Each schedule is a test."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
@@ -28,9 +30,15 @@ from kafka_txn.cli.local_broker import LocalBroker
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.coordinator.client import TransactionDescription
 from kafka_txn.testing import ApiKey
+from tests.support import adversaries as support
+from tests.support.adversaries import interrupt_after, stand_in_describe
 from tests.support.rig import Broker, freeze
 
+pytestmark = pytest.mark.adversary
+
 TWO_PC = {"transaction.two.phase.commit.enable": True}
+
+two_phase_config = support.two_phase_config
 
 
 # ---------------------------------------------------------------- scenario 2: sends vs prepare
@@ -179,23 +187,6 @@ def test_the_state_of_an_earlier_transaction_aborts_and_the_prepared_one_commits
 
 
 # ---------------------------------------------------------------- scenario 3: failed commit
-def _stand_in_describe(producer: TransactionalProducer) -> None:
-    """librdkafka's mock cluster has no DescribeTransactions (API 65), which prepare
-    needs; this answers it as Apache Kafka would for the producer's own open transaction,
-    so that prepare succeeds and librdkafka's real EndTxn error handling can be driven.
-    The same schedule against the real broker is the SIGSTOP test below."""
-    twophase = producer._twophase
-    assert twophase is not None
-
-    def describe() -> TransactionDescription:
-        pid, epoch = twophase.identity.identity or (-1, -1)
-        return TransactionDescription(
-            producer.transactional_id, "Ongoing", pid, epoch, 60_000, int(time.time() * 1000)
-        )
-
-    twophase.client.describe = describe  # type: ignore[method-assign]
-
-
 # Every EndTxn error librdkafka 2.x distinguishes in rd_kafka_txn_handle_EndTxn
 # (src/rdkafka_txnmgr.c): retried, permanent (abortable, some with an epoch bump), fatal.
 _RETRIED = [
@@ -229,7 +220,7 @@ def test_end_txn_error_after_prepare_is_in_doubt_and_never_aborted(mock_cluster,
     mock_cluster.create_topic("t", partitions=1)
     producer = TransactionalProducer(mock_config(**TWO_PC), operation_timeout=2.0)
     producer.init_transactions()
-    _stand_in_describe(producer)
+    stand_in_describe(producer)
     producer.begin_transaction()
     producer.produce("t", b"x")
     state = producer.prepare_transaction()
@@ -382,3 +373,58 @@ def test_prepare_refused_by_the_coordinator_never_leaves_it_committable(
             producer.commit_transaction()
         producer.abort_transaction()
     producer.close()
+
+
+# ---------------------------------------------------------------- a send interrupted by a signal
+def _order_commits_once_or_is_refused(
+    broker: Broker, producer: TransactionalProducer, topic: str
+) -> None:
+    """The transaction holding the order sent again: prepared and committed with the
+    order once, or refused at prepare and aborted with nothing visible."""
+    try:
+        state = producer.prepare_transaction()
+    except TransactionAbortableError:  # refusing to prepare keeps the promise too
+        producer.abort_transaction()
+        assert broker.read_committed(topic, expected=0) == []
+        return
+    assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
+    assert broker.read_committed(topic, expected=1) == [(None, b"order-1")]
+
+
+@pytest.mark.guarantee("2.1")
+def test_a_send_that_raised_on_a_signal_is_not_in_the_prepared_transaction(
+    broker: Broker, topic: str, two_phase_config: dict[str, Any]
+) -> None:
+    """Guarantee 2.1: a send that raised on a signal is not in the prepared transaction."""
+    producer = TransactionalProducer(two_phase_config, operation_timeout=20)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        interrupt_after("produce", lambda: producer.produce(topic, b"order-1", partition=0))
+        # The send raised: by the promise it is not in the transaction, so the caller
+        # sends the order again.
+        producer.produce(topic, b"order-1", partition=0)
+        _order_commits_once_or_is_refused(broker, producer, topic)
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.mark.parametrize("call", ["produce", "send"])
+@pytest.mark.guarantee("2.1")
+def test_a_send_interrupted_as_it_returns_is_not_in_the_prepared_transaction(
+    broker: Broker, topic: str, two_phase_config: dict[str, Any], call: str
+) -> None:
+    """A signal's exception as the send returns, after librdkafka queued the record
+    (raised right after the send's last C call, the ``pop`` that ends its bookkeeping of
+    sends under way): the caller sends the order again, and it is in the prepared
+    transaction once, or prepare refuses and nothing is visible."""
+    producer = TransactionalProducer(two_phase_config, operation_timeout=20)
+    send = getattr(producer, call)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        interrupt_after("pop", lambda: send(topic, b"order-1", partition=0))
+        send(topic, b"order-1", partition=0)  # it raised: the caller sends it again
+        _order_commits_once_or_is_refused(broker, producer, topic)
+    finally:
+        producer.close(timeout=5)

@@ -1,4 +1,4 @@
-"""The producer id/epoch prepare uses after an abort (kafka_txn/twophase/prepare.py,
+"""The producer id/epoch prepare uses after an abort (kafka_txn/twophase/identity.py,
 ``IdentityTracker``): the identity from before the abort is a candidate that prepare's
 own DescribeTransactions confirms (this transaction Ongoing under exactly that id and
 epoch, with a start time newer than any seen) or refuses, and the next statistics
@@ -33,7 +33,8 @@ from kafka_txn import (
 )
 from kafka_txn.coordinator.client import TransactionDescription
 from kafka_txn.dualwrite.writer import DualWriter
-from kafka_txn.twophase.prepare import IdentityTracker, confirms, not_this_producer
+from kafka_txn.twophase.failures import not_this_producer
+from kafka_txn.twophase.identity import IdentityTracker, confirms
 from tests.proxies.kafka_proxy import ApiKey, KafkaProxy
 from tests.support.rig import Broker
 

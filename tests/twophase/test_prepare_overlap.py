@@ -7,6 +7,8 @@ fails requests on the real broker."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,10 +19,13 @@ from confluent_kafka import KafkaError
 
 from kafka_txn import PreparedTxnState, TransactionalProducer, TransactionOutcome
 from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
+from kafka_txn.coordinator.connection import BrokerConnection
+from kafka_txn.errors import KafkaTxnError
 from tests.proxies.kafka_proxy import ApiKey, KafkaProxy, Request
+from tests.support.adversaries import Interrupted, profiled, txn_config
 from tests.support.rig import Broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.adversary]
 
 
 @pytest.fixture
@@ -156,9 +161,6 @@ def test_a_signal_as_an_abandoned_exchange_closes_never_keeps_the_connection(bro
     """An exchange abandoned while a signal's exception strikes as its socket's close()
     returns (the check for pending signals after a call) still releases the connection:
     the next request on it is not made to wait until its deadline."""
-    import sys
-
-    from kafka_txn.coordinator.connection import BrokerConnection
     from kafka_txn.coordinator.messages import API_VERSIONS
 
     host, _, port = broker.bootstrap_servers.split(",")[0].rpartition(":")
@@ -189,3 +191,81 @@ def test_a_signal_as_an_abandoned_exchange_closes_never_keeps_the_connection(bro
         conn._lock.release()
     finally:
         conn.close()
+
+
+def _raise_when_returning(code: Any) -> Any:
+    """A profile function that raises ``Interrupted`` as the Python function whose code
+    is ``code`` returns: the schedule of a signal whose handler's exception CPython
+    raises at the first evaluation check in the caller, right after the call."""
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame.f_code is code:
+            sys.setprofile(None)
+            raise Interrupted("signal right after BrokerConnection.send returned")
+
+    return profile
+
+
+@pytest.mark.guarantee("2.2")
+def test_a_signal_as_prepares_early_describe_is_sent_leaves_prepare_bounded(
+    broker: Broker, topic: str, txn_id: str
+) -> None:
+    """two-phase-commit.md's deadline and guarantee 1.6: a signal as prepare's early
+    DescribeTransactions is sent leaves the next prepare bounded by its deadline (it must
+    not wait forever on the connection's lock)."""
+    with KafkaProxy(broker.bootstrap_servers, delay_ms=3) as slow:
+        producer = TransactionalProducer(
+            txn_config(slow.bootstrap_servers, txn_id, two_phase=True), operation_timeout=5
+        )
+        stuck: threading.Thread | None = None
+        try:
+            producer.init_transactions()
+            # Two transactions: the first prepare connects, the second measures the
+            # coordinator's round trip (>= 6 ms through the proxy).
+            for _ in range(2):
+                producer.begin_transaction()
+                producer.produce(topic, b"order-0", partition=0)
+                producer.complete_transaction(producer.prepare_transaction())
+            assert producer._twophase is not None
+            assert producer._twophase.describe_rtt_s is not None
+            # Second: prepare sends its DescribeTransactions early; a signal strikes as
+            # the send returns.
+            producer.begin_transaction()
+            producer.produce(topic, b"order-1", partition=0)
+            with (
+                profiled(_raise_when_returning(BrokerConnection.send.__code__)),
+                pytest.raises(Interrupted),
+            ):
+                producer.prepare_transaction()
+            producer.abort_transaction()
+            # Third: prepare must end within its deadline, one way or another.
+            producer.begin_transaction()
+            producer.produce(topic, b"order-2", partition=0)
+            outcome: list[Any] = []
+
+            def prepare() -> None:
+                try:
+                    outcome.append(producer.prepare_transaction(timeout=5))
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            stuck = threading.Thread(target=prepare, daemon=True)
+            stuck.start()
+            stuck.join(30)  # a liveness bound, 6x the deadline: not a timing assertion
+            assert not stuck.is_alive(), "prepare_transaction() never returned"
+            stuck = None
+            if isinstance(outcome[0], PreparedTxnState):
+                producer.complete_transaction(outcome[0])
+                expected = [(None, b"order-0")] * 2 + [(None, b"order-2")]
+            else:
+                assert isinstance(outcome[0], KafkaTxnError), outcome
+                producer.abort_transaction()
+                expected = [(None, b"order-0")] * 2
+            assert broker.read_committed(topic, expected=len(expected)) == expected
+        finally:
+            if stuck is not None:  # let the waiting thread go: release the lost lock
+                client = producer._twophase._client  # type: ignore[union-attr]
+                with contextlib.suppress(Exception):
+                    client._coordinator._lock.release()  # type: ignore[union-attr]
+                stuck.join(30)
+            producer.close(timeout=5)

@@ -79,6 +79,7 @@ def _describe(broker, txn_id: str):
         return client.describe()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.1")
 def test_crash_after_prepare_before_decision_aborts(app):
     """Killed after prepare, before the database decided: the next process aborts the
@@ -103,6 +104,7 @@ def test_crash_after_prepare_before_decision_aborts(app):
     app.assert_consistent(5)  # ... and not visible: aborted
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.1")
 def test_crash_after_decision_before_kafka_commit_commits(app):
     app.run("--batch", "0", "--crash-at", "after_decision", expect_exit=71)
@@ -111,6 +113,7 @@ def test_crash_after_decision_before_kafka_commit_commits(app):
     app.assert_consistent(5)
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.1")
 def test_crash_after_kafka_commit_recovery_is_a_no_op(app):
     app.run("--batch", "0", "--crash-at", "after_commit", expect_exit=72)
@@ -118,6 +121,7 @@ def test_crash_after_kafka_commit_recovery_is_a_no_op(app):
     app.assert_consistent(5)
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.1")
 def test_recovery_twice_gives_the_same_result(app):
     app.run("--batch", "0", "--crash-at", "after_decision", expect_exit=71)
@@ -128,6 +132,7 @@ def test_recovery_twice_gives_the_same_result(app):
     app.assert_consistent(10)
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.2")
 def test_epoch_reuse_hazard_never_commits_the_next_transaction(app):
     """Transaction N committed, N+1 open under the same producer id and epoch, crash:
@@ -160,6 +165,7 @@ def _recover(config: dict, state: PreparedTxnState) -> TransactionOutcome:
         p.close()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("2.3")
 def test_a_prepared_transaction_survives_close_and_is_recovered(
     broker, topic, producer_config, caplog
@@ -175,6 +181,7 @@ def test_a_prepared_transaction_survives_close_and_is_recovered(
     assert broker.read_committed(topic, expected=1) == [(None, b"in-doubt")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.3")
 def test_state_of_an_aborted_transaction_is_divergence(broker, topic, producer_config):
     p, state = _prepared(producer_config, topic)
@@ -189,6 +196,7 @@ def test_state_of_an_aborted_transaction_is_divergence(broker, topic, producer_c
     assert broker.read_committed(topic, expected=0) == []
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.4")
 def test_state_after_another_producer_initialised_the_id_is_unknowable(
     broker, topic, producer_config
@@ -218,6 +226,7 @@ REFUSALS = [
 ]
 
 
+@pytest.mark.adversary
 @pytest.mark.parametrize("code", REFUSALS)
 @pytest.mark.guarantee("3.4")
 def test_end_txn_refusal_of_a_transaction_still_open_is_unknowable_and_never_loops(
@@ -268,6 +277,7 @@ def _apache_epoch_bump(entry: dict) -> dict:
     return {**entry, "producer_epoch": entry["producer_epoch"] + 1}
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.3")
 def test_prepared_transaction_timed_out_is_divergence(broker, topic, producer_config):
     """Kafka timed the prepared transaction out (Apache: epoch e+1, CompleteAbort, same
@@ -286,6 +296,7 @@ def test_prepared_transaction_timed_out_is_divergence(broker, topic, producer_co
     p.close()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.3")
 def test_next_transaction_timed_out_means_the_stored_one_was_committed(
     broker, topic, producer_config
@@ -313,6 +324,7 @@ def test_next_transaction_timed_out_means_the_stored_one_was_committed(
     assert broker.read_committed(topic, expected=1) == [(None, b"stored")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.4")
 def test_expired_transactional_id_is_unknowable(broker, topic, producer_config):
     """Scenario 4: a committed transaction whose state was never stored
@@ -358,6 +370,7 @@ def test_transactional_id_unknown_to_the_broker_is_unknowable(broker, producer_c
     assert info.value.observed["found"] is False
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.3")
 def test_end_txn_refused_after_the_transaction_timed_out_is_divergence(
     broker, topic, producer_config
@@ -385,6 +398,7 @@ def test_end_txn_refused_after_the_transaction_timed_out_is_divergence(
     p.close()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.5")
 def test_zombie_running_during_recovery_is_reported_not_hidden(broker, topic, producer_config):
     """Scenario 8. DescribeTransactions -> EndTxn is check-then-act: the original
@@ -446,6 +460,7 @@ def test_other_end_txn_errors_are_translated_in_one_place(
     p.close()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.7")
 def test_coordinator_moves_during_recovery_are_retried(broker, topic, producer_config):
     p, state = _prepared(producer_config, topic)
@@ -492,6 +507,7 @@ class _InitReplyLate:
         return len(self._producer)
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.8")
 def test_recovery_that_committed_and_then_could_not_initialise_resumes_with_the_init(
     broker, topic, producer_config
@@ -526,6 +542,7 @@ def test_recovery_that_committed_and_then_could_not_initialise_resumes_with_the_
     assert broker.read_committed(topic, expected=1) == [(None, b"in-doubt")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.6")
 def test_state_of_another_transactional_id_or_cluster_is_refused(broker, topic, producer_config):
     p, state = _prepared(producer_config, topic)
@@ -554,6 +571,7 @@ def test_recovery_logs_carry_structured_fields(broker, topic, producer_config, c
     p.close()
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("3.9")
 def test_recovery_while_the_coordinator_stays_unreachable_is_unknown_and_decides_nothing(
     txn_id,

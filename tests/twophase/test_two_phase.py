@@ -192,6 +192,7 @@ def test_no_record_goes_before_the_start_time_spacing_wait_ends(broker, topic, p
     assert sorted(broker.read_committed(topic, expected=2)) == [(None, b"first"), (None, b"second")]
 
 
+@pytest.mark.adversary
 @pytest.mark.guarantee("2.7")
 def test_an_interrupted_spacing_wait_leaves_the_producer_ready(
     broker, topic, producer, monkeypatch

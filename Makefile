@@ -59,8 +59,11 @@ bench: setup databases
 	$(PY) bench/spark_sink_bench.py
 	$(PY) bench/recovery_bench.py
 
+# The docs generated from the code (kafka_txn/_docs.py), and docs/reference/proofs.md from the
+# tests' @pytest.mark.guarantee markers (tests/support/proofs.py).
 docs: setup
 	$(PY) -m kafka_txn._docs
+	$(PY) -m tests.support.proofs
 
 # The Spark tests against the oldest pyspark the [spark] extra admits (pyspark>=3.5 in
 # pyproject.toml), in a virtualenv of their own; `make test` runs them against the newest,
@@ -81,11 +84,11 @@ $(SPARK_STAMP): pyproject.toml constraints.txt
 test-spark-oldest: $(SPARK_STAMP)
 	$(SPARK_VENV)/bin/python -m pytest tests/spark
 
-# The adversarial dual-write test (tests/adversaries/test_adversarial.py) for 10 minutes per database
+# The dual-write soak (tests/dualwrite/test_soak.py) for 10 minutes per database
 # instead of the seconds it gets in `make test`; KAFKA_TXN_ADVERSARY_SEED picks the schedule.
 .PHONY: soak
 soak: setup
-	KAFKA_TXN_SOAK_SECONDS=600 $(PY) -m pytest tests/adversaries/test_adversarial.py
+	KAFKA_TXN_SOAK_SECONDS=600 $(PY) -m pytest tests/dualwrite/test_soak.py
 
 # Mutation testing (tests/support/mutants.py; not part of `make test`): mutmut mutates one module
 # at a time in a copy of this checkout and runs the tests that state its guarantees.

@@ -3,35 +3,25 @@
 producer's lifecycle diagram and its state x call table (lifecycle.py); in
 docs/guide/two-phase-commit.md the coordinator client's security settings
 (coordinator/security.py); docs/reference/api.md, the API reference, from the public names'
-signatures and docstrings. Tests fail on drift.
+signatures and docstrings (``kafka_txn._api_reference``). Tests fail on drift.
 
 ``python -m kafka_txn._docs [docs directory]``
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from kafka_txn import _OPTIONAL, errors
+from kafka_txn import errors
+from kafka_txn._api_reference import render_api
 from kafka_txn.classification import render_markdown
 from kafka_txn.coordinator.security import render_markdown as render_security_table
 from kafka_txn.producer.lifecycle import ALLOWED, State, render_mermaid
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-
-API_MODULES = (
-    "kafka_txn",
-    "kafka_txn.dualwrite",
-    "kafka_txn.spark",
-    "kafka_txn.eos",
-    "kafka_txn.metrics",
-    "kafka_txn.testing",
-)
 
 
 def _tree() -> str:
@@ -88,70 +78,6 @@ def update_docs(text: str, sections: Mapping[str, Callable[[], str]] = GENERATED
             raise ValueError(f"no END marker after {begin.strip()!r}")
         text = head + begin + render() + "<!-- END GENERATED -->" + tail
     return text
-
-
-def _summary(obj: object) -> str:
-    doc = inspect.getdoc(obj) or ""
-    return doc.split("\n\n")[0].replace("\n", " ")
-
-
-def _signature(obj: object) -> str:
-    try:
-        return str(inspect.signature(obj))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return ""
-
-
-def _optional_names() -> str:
-    """The paragraph on the names of ``kafka_txn`` that need an extra, from its table."""
-    by_extra: dict[str, list[str]] = {}
-    for public, (_, extra) in _OPTIONAL.items():
-        by_extra.setdefault(extra, []).append(f"`{public}`")
-    listed = "; ".join(f"{', '.join(names)}: `[{extra}]`" for extra, names in by_extra.items())
-    return (
-        f"Names that need an optional extra ({listed}) are imported on first use. Without "
-        "their extra, using one raises an ImportError naming the `pip install` command, "
-        "and `from kafka_txn import *` leaves them out (everything else works)."
-    )
-
-
-def render_api() -> str:
-    """docs/reference/api.md: every public name with its signature and the first paragraph of its
-    docstring; classes with their public methods."""
-    out = [
-        "# API reference",
-        "",
-        "Generated from the docstrings by `python -m kafka_txn._docs`; a test fails when it",
-        "drifts. The guides are [index.md](index.md) and the pages it links.",
-        "",
-    ]
-    for name in API_MODULES:
-        module = importlib.import_module(name)
-        out += [f"## `{name}`", "", _summary(module), ""]
-        if name == "kafka_txn":
-            out += [_optional_names(), ""]
-        for public in getattr(module, "__all__", ()):
-            obj = getattr(module, public)
-            if name != "kafka_txn" and getattr(obj, "__module__", name) != name:
-                continue  # documented where it is defined
-            if inspect.isclass(obj) or inspect.isfunction(obj):
-                out.append(f"### `{public}{_signature(obj)}`")
-                out += ["", _summary(obj) or "(no docstring)", ""]
-                if inspect.isclass(obj):
-                    methods = [
-                        f"- `{meth_name}{_signature(meth)}`: {_summary(meth)}"
-                        for meth_name, meth in inspect.getmembers(obj)
-                        if not meth_name.startswith("_")
-                        and callable(meth)
-                        and meth_name in vars(obj)
-                    ]
-                    # Exceptions only when they have methods of their own (KafkaTxnError).
-                    if methods or not issubclass(obj, BaseException):
-                        out += [*methods, ""]
-            else:
-                shown = repr(obj) if hasattr(obj, "__origin__") else type(obj).__name__
-                out += [f"### `{public}`", "", f"`{shown}`", ""]
-    return "\n".join(out).rstrip() + "\n"
 
 
 def regenerate(docs: Path = DOCS) -> None:

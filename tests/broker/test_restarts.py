@@ -109,15 +109,21 @@ class _Kafka(OwnKafka):
         self._starting: threading.Thread | None = None
         self._start_failed: BaseException | None = None
         self._lock = threading.Lock()
+        # Held by whoever takes the broker down or brings it up, so that two outages
+        # close together (two threads of _Outages) never start it twice at once: a
+        # second start of the same data directory fails, and a failed start deletes the
+        # directory (ApacheKafka.start calls stop()).
+        self._up_down = threading.RLock()
 
     def down(self, how: str) -> None:
         """Take the broker (the only one: every coordinator and leader) down, by its PID;
         its data directory stays for the next start."""
-        self.wait_up()
-        if how == KILL:
-            self.server.kill()
-        else:
-            self.server.terminate()
+        with self._up_down:
+            self.wait_up()
+            if how == KILL:
+                self.server.kill()
+            else:
+                self.server.terminate()
 
     def up_in_background(self, after: float = 0.0) -> None:
         """Start the broker again on the same port and data ``after`` seconds from now,
@@ -137,23 +143,27 @@ class _Kafka(OwnKafka):
 
     def bounce_in_background(self, how: str, after: float) -> None:
         """Down now, up again ``after`` seconds later (in the background)."""
-        self.down(how)
-        self.up_in_background(after)
+        with self._up_down:
+            self.down(how)
+            self.up_in_background(after)
 
     def wait_up(self) -> None:
         """Return once the broker is up (started again if it is down and no start is
         under way): it answers Metadata and its transaction log and offsets topic are
         loaded (``ApacheKafka.start``)."""
-        with self._lock:
-            starting, self._starting = self._starting, None
-        if starting is not None:
-            starting.join(START_TIMEOUT_S + 30)
-            assert not starting.is_alive(), "the broker did not start again"
-        failed, self._start_failed = self._start_failed, None
-        if failed is not None:
-            raise failed
-        if self.server.pid is None:
-            self.server.start()
+        with self._up_down:
+            with self._lock:
+                starting = self._starting
+            if starting is not None:
+                starting.join(START_TIMEOUT_S + 30)
+                assert not starting.is_alive(), "the broker did not start again"
+                with self._lock:
+                    self._starting = None
+            failed, self._start_failed = self._start_failed, None
+            if failed is not None:
+                raise failed
+            if self.server.pid is None:
+                self.server.start()
         self._wait_unfenced()
 
     def _wait_unfenced(self) -> None:

@@ -264,7 +264,7 @@ def test_a_signal_as_prepares_early_describe_is_sent_leaves_prepare_bounded(
             assert broker.read_committed(topic, expected=len(expected)) == expected
         finally:
             if stuck is not None:  # let the waiting thread go: release the lost lock
-                client = producer._twophase._client  # type: ignore[union-attr]
+                client = producer._twophase.coordinator._client  # type: ignore[union-attr]
                 with contextlib.suppress(Exception):
                     client._coordinator._lock.release()  # type: ignore[union-attr]
                 stuck.join(30)

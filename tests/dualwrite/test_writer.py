@@ -146,6 +146,20 @@ def _describe(broker: Broker, txn_id: str) -> TransactionDescription:
         return client.describe()
 
 
+def _describe_ended(broker: Broker, txn_id: str) -> TransactionDescription:
+    """The transaction once its markers are written. The coordinator answers an EndTxn
+    once PrepareCommit or PrepareAbort is in its log, and records CompleteCommit or
+    CompleteAbort only when the partitions acknowledged the markers it sends afterwards
+    (``TransactionCoordinator.endTransaction``, ``TransactionMarkerChannelManager``), so
+    a describe right after the call may still show the Prepare state."""
+    deadline = time.monotonic() + 30
+    seen = _describe(broker, txn_id)
+    while seen.state in ("PrepareCommit", "PrepareAbort") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        seen = _describe(broker, txn_id)
+    return seen
+
+
 @pytest.mark.adversary
 @pytest.mark.guarantee("4.3")
 def test_lost_connection_during_commit_never_aborts_kafka_blindly(broker, postgres_jdbc, txn_id):
@@ -256,7 +270,7 @@ def test_database_refusing_commit_aborts_kafka(broker, postgres_jdbc, txn_id):
         with pytest.raises(IntegrityError, match=f"{name}_once"), writer.transaction() as tx:
             tx.connection.execute(events.insert(), [{"batch": 1, "value": "twice"}] * 2)
             tx.produce(topic, b"twice")  # the statement passed: the check waits for COMMIT
-        aborted = _describe(broker, txn_id)
+        aborted = _describe_ended(broker, txn_id)
         assert aborted.state == "CompleteAbort", aborted
         assert aborted.producer_id == committed.producer_id
         assert broker.open_partitions(topic) == {}

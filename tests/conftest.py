@@ -1,5 +1,5 @@
-"""The suite's plugins (tests/fixtures/: the broker, the mock cluster, the databases,
-Spark) and the markers every test gets from what it uses.
+"""The suite's plugins (tests/fixtures/: the broker, the three-broker cluster, the mock
+cluster, the databases, Spark) and the markers every test gets from what it uses.
 """
 
 from __future__ import annotations
@@ -8,15 +8,16 @@ import pytest
 
 pytest_plugins = (
     "tests.fixtures.broker",
+    "tests.fixtures.cluster",
     "tests.fixtures.mock_cluster",
     "tests.fixtures.databases",
     "tests.fixtures.spark",
 )
 
-# The folders whose tests each take tens of seconds of Spark jobs, whatever the broker:
-# `make test` runs them once, on Apache Kafka; the conformance matrix's extra brokers
+# The folders whose tests each take tens of seconds (Spark jobs; fault schedules on the
+# three-broker cluster), whatever the broker: `make test` runs them once, on Apache Kafka; the conformance matrix's extra brokers
 # leave them out (-m "conformance and not slow"). Other slow modules mark themselves.
-_SLOW_FOLDERS = frozenset({"spark"})
+_SLOW_FOLDERS = frozenset({"spark", "cluster"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

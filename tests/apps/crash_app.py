@@ -7,6 +7,9 @@ with the stored state), then writes one batch:
   -> [after_decision] -> complete (Kafka commit) -> [after_commit] -> mark completed.
 ``--open-next`` (with after_commit) also begins the next transaction and sends a record
 before exiting: the epoch-reuse hazard (N committed, N+1 open under the same pid/epoch).
+``--hold STEP --hold-file F`` stops at STEP (``after_prepare``, ``after_decision``, or
+``end_txn``: recovery's EndTxn, about to be sent) until the test, which sees F appear,
+has done something to the cluster and deleted F.
 Prints "outcome=<recovery outcome>" on its first line.
 """
 
@@ -16,8 +19,12 @@ import argparse
 import os
 import sqlite3
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
 from kafka_txn import PreparedTxnState, TransactionalProducer
+from kafka_txn.coordinator.client import CoordinatorClient
 
 STEPS = ("none", "after_prepare", "after_decision", "after_commit")
 
@@ -38,6 +45,35 @@ def store_state(db: sqlite3.Connection, tid: str, state: PreparedTxnState) -> No
     db.execute("INSERT OR REPLACE INTO txn_state VALUES (?, ?)", (tid, str(state)))
 
 
+HOLDS = ("none", "after_prepare", "after_decision", "end_txn")
+HOLD_LIMIT_S = 120.0
+
+
+def hold(args: argparse.Namespace, step: str) -> None:
+    """At ``--hold``'s step: create ``--hold-file`` and wait until the test deletes it."""
+    if args.hold != step:
+        return
+    path = Path(args.hold_file)
+    path.touch()
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"held at {step} for {HOLD_LIMIT_S:g}s: the test never let go")
+        time.sleep(0.05)
+
+
+def hold_end_txn(args: argparse.Namespace) -> None:
+    """Make recovery's EndTxn wait at ``hold`` before it is sent (once)."""
+    end_txn = CoordinatorClient.end_txn
+
+    def held(self: CoordinatorClient, *a: Any, **kw: Any) -> None:
+        hold(args, "end_txn")
+        args.hold = "none"
+        end_txn(self, *a, **kw)
+
+    CoordinatorClient.end_txn = held  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bootstrap-servers", required=True)
@@ -49,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=0)
     parser.add_argument("--records", type=int, default=5)
     parser.add_argument("--open-next", action="store_true")
+    parser.add_argument("--hold", choices=HOLDS, default="none")
+    parser.add_argument("--hold-file", default=None)
+    parser.add_argument("--transaction-timeout-ms", type=int, default=None)
     args = parser.parse_args(argv)
+    if args.hold == "end_txn":
+        hold_end_txn(args)
 
     tid = args.transactional_id
     db = _db(args.db)
@@ -58,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             "bootstrap.servers": args.bootstrap_servers,
             "transactional.id": tid,
             "transaction.two.phase.commit.enable": True,
+            **(
+                {"transaction.timeout.ms": args.transaction_timeout_ms}
+                if args.transaction_timeout_ms
+                else {}
+            ),
         }
     )
     producer.init_transactions(keep_prepared_txn=True)
@@ -75,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for value in values:
         producer.produce(args.topic, value.encode())
     state = producer.prepare_transaction()
+    hold(args, "after_prepare")
     if args.crash_at == "after_prepare":
         os._exit(70)
 
@@ -82,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     db.executemany("INSERT INTO rows VALUES (?)", [(v,) for v in values])
     store_state(db, tid, state)
     db.execute("COMMIT")
+    hold(args, "after_decision")
     if args.crash_at == "after_decision":
         os._exit(71)
 

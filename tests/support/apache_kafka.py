@@ -121,10 +121,47 @@ def classpath(version: str = KAFKA_VERSION) -> str:
         return out.read().strip()
 
 
+def new_cluster_id() -> str:
+    """Kafka's Uuid.randomUuid().toString(): URL-safe base64 of 16 random bytes. One that
+    starts with "-" would be read by StorageTool as an option: drawn again."""
+    cluster_id = "-"
+    while cluster_id.startswith("-"):
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    return cluster_id
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def warm_up(client_config: Mapping[str, Any]) -> None:
+    """Create and load the internal topics a long-running cluster already has: the
+    transaction log (a transactional producer's InitProducerId) and the offsets topic
+    (OffsetFetch of a group), so that the first test meets a cluster as users run it,
+    not one creating ``__consumer_offsets`` under it. (librdkafka's consumer gives up
+    on a committed-offset fetch answered NOT_COORDINATOR while that topic loads, and
+    then never fetches an assigned partition.)"""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    config = {**client_config, "log_level": 0}
+    producer = Producer({**config, "transactional.id": "kafka-txn-rig-warm-up"})
+    producer.init_transactions(START_TIMEOUT_S)
+    producer.flush(0)
+    consumer = Consumer({**config, "group.id": "kafka-txn-rig-warm-up"})
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:  # OffsetFetch: answered once the group's coordinator has loaded
+                consumer.committed([TopicPartition("kafka-txn-rig-warm-up", 0)], timeout=10)
+                return
+            except KafkaException:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        consumer.close()
 
 
 class ApacheKafka:
@@ -165,6 +202,11 @@ class ApacheKafka:
         self._format_args = list(format_args)
         self._heap = heap
         self.warm_up = warm_up
+        self.cluster_id: str | None = None
+        """The cluster id to format with (None: a new one); the nodes of a cluster share one."""
+        self.standalone = True
+        """Format as KIP-853's dynamic quorum of this one controller (``--standalone``);
+        False for a broker-only node of a cluster, whose controllers run elsewhere."""
         self._proc: subprocess.Popen[bytes] | None = None
         self.properties = {
             **_BASE_PROPERTIES,
@@ -212,6 +254,20 @@ class ApacheKafka:
     def start(self) -> ApacheKafka:
         """Format the log directory (first start only), start the broker, and wait until
         it answers."""
+        self.launch()
+        try:
+            self._wait_ready()
+            if self.warm_up:
+                self._warm_up()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def launch(self) -> None:
+        """Format the log directory (first start only) and start the process, without
+        waiting for it: the nodes of a cluster start together, as none of them is ready
+        before a quorum of controllers is (``start()`` waits)."""
         cp = classpath(self.version)
         config = self.folder / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self.properties.items()))
@@ -225,41 +281,9 @@ class ApacheKafka:
                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-        try:
-            self._wait_ready()
-            if self.warm_up:
-                self._warm_up()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def _warm_up(self) -> None:
-        """Create and load the internal topics a long-running cluster already has: the
-        transaction log (a transactional producer's InitProducerId) and the offsets topic
-        (OffsetFetch of a group), so that the first test meets a cluster as users run it,
-        not one creating ``__consumer_offsets`` under it. (librdkafka's consumer gives up
-        on a committed-offset fetch answered NOT_COORDINATOR while that topic loads, and
-        then never fetches an assigned partition.)"""
-        from confluent_kafka import Consumer, Producer, TopicPartition
-
-        config = {**self.admin_config(), "log_level": 0}
-        producer = Producer({**config, "transactional.id": "kafka-txn-rig-warm-up"})
-        producer.init_transactions(START_TIMEOUT_S)
-        producer.flush(0)
-        consumer = Consumer({**config, "group.id": "kafka-txn-rig-warm-up"})
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                try:  # OffsetFetch: answered once the group's coordinator has loaded
-                    consumer.committed([TopicPartition("kafka-txn-rig-warm-up", 0)], timeout=10)
-                    return
-                except KafkaException:
-                    if time.monotonic() >= deadline:
-                        raise
-                    time.sleep(0.2)
-        finally:
-            consumer.close()
+        warm_up(self.admin_config())
 
     def _java(self, cp: str) -> list[str]:
         return [
@@ -270,11 +294,7 @@ class ApacheKafka:
         ]  # fmt: skip
 
     def _format(self, cp: str, config: Path) -> None:
-        # Kafka's Uuid.randomUuid().toString(): URL-safe base64 of 16 random bytes. One
-        # that starts with "-" would be read by StorageTool as an option: drawn again.
-        cluster_id = "-"
-        while cluster_id.startswith("-"):
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = self.cluster_id or new_cluster_id()
         features = (
             []
             if self.transaction_version is None
@@ -282,7 +302,8 @@ class ApacheKafka:
         )
         command = [
             *self._java(cp), "kafka.tools.StorageTool", "format", "-t", cluster_id,
-            "-c", str(config), "--standalone", *features, *self._format_args,
+            "-c", str(config), *(["--standalone"] if self.standalone else []), *features,
+            *self._format_args,
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:

@@ -47,6 +47,9 @@ class Broker:
     #: The Apache Kafka process when the rig started one (tests that need Apache Kafka's
     #: own behaviour start a broker of their own instead: this one is shared).
     apache_kafka: ApacheKafka | None = field(default=None, repr=False)
+    #: The replication factor of the topics ``create_topic`` makes (3 on a three-broker
+    #: cluster, whose ``min.insync.replicas`` is 2).
+    replication_factor: int = 1
 
     @property
     def kind(self) -> str:
@@ -78,7 +81,7 @@ class Broker:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
         admin = self.admin()  # must outlive the futures
         futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+            [NewTopic(name, num_partitions=partitions, replication_factor=self.replication_factor)],
             operation_timeout=30,
         )
         futures[name].result(timeout=60)

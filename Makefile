@@ -84,11 +84,19 @@ $(SPARK_STAMP): pyproject.toml constraints.txt
 test-spark-oldest: $(SPARK_STAMP)
 	$(SPARK_VENV)/bin/python -m pytest tests/spark
 
-# The dual-write soak (tests/dualwrite/test_soak.py) for 10 minutes per database
-# instead of the seconds it gets in `make test`; KAFKA_TXN_ADVERSARY_SEED picks the schedule.
+# The soaks, SOAK_SECONDS (default 600) per schedule instead of the seconds they get in
+# `make test`: the dual-write adversary (tests/dualwrite/test_soak.py, per database;
+# KAFKA_TXN_ADVERSARY_SEED picks its schedule), then the broker-fault schedules on the
+# three-broker cluster (tests/cluster/; KAFKA_TXN_CLUSTER_SEED picks theirs), whose
+# figures go to build/cluster-soak.jsonl and are printed as docs/guide/operations.md's table.
+SOAK_SECONDS ?= 600
 .PHONY: soak
-soak: setup
-	KAFKA_TXN_SOAK_SECONDS=600 $(PY) -m pytest tests/dualwrite/test_soak.py
+soak: setup databases
+	KAFKA_TXN_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest tests/dualwrite/test_soak.py
+	mkdir -p build && rm -f build/cluster-soak.jsonl
+	KAFKA_TXN_CLUSTER_SECONDS=$(SOAK_SECONDS) KAFKA_TXN_CLUSTER_REPORT=build/cluster-soak.jsonl \
+		$(PY) -m pytest tests/cluster
+	$(PY) -m tests.support.cluster_figures build/cluster-soak.jsonl
 
 # Mutation testing (tests/support/mutants.py; not part of `make test`): mutmut mutates one module
 # at a time in a copy of this checkout and runs the tests that state its guarantees.

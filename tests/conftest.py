@@ -15,8 +15,9 @@ pytest_plugins = (
 )
 
 # The folders whose tests each take tens of seconds (Spark jobs; fault schedules on the
-# three-broker cluster), whatever the broker: `make test` runs them once, on Apache Kafka; the conformance matrix's extra brokers
-# leave them out (-m "conformance and not slow"). Other slow modules mark themselves.
+# three-broker cluster), whatever the broker: `make test` runs them once, on Apache Kafka;
+# the conformance matrix's extra brokers leave them out (-m "conformance and not slow").
+# Other slow modules mark themselves.
 _SLOW_FOLDERS = frozenset({"spark", "cluster"})
 
 

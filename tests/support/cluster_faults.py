@@ -42,7 +42,7 @@ from tests.support.rig import Broker
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 SEED = int(os.environ.get("KAFKA_TXN_CLUSTER_SEED", "25025"))
-SECONDS = float(os.environ.get("KAFKA_TXN_CLUSTER_SECONDS", "30"))
+SECONDS = float(os.environ.get("KAFKA_TXN_CLUSTER_SECONDS", "20"))
 """How long the faults go on per schedule (``make soak``: as long as asked)."""
 HEAL_TIMEOUT_S = 180.0
 """How long a healed cluster may take to have every broker up and every ISR whole."""
@@ -111,9 +111,7 @@ class BrokerFaults:
                 return self.cluster.transaction_coordinator(ids[int(fault.pick * len(ids))])
         if fault.target == "group coordinator" and self.targets.group is not None:
             return self.cluster.group_coordinator(self.targets.group)
-        topic, partition = self.targets.partitions[
-            int(fault.pick * len(self.targets.partitions))
-        ]
+        topic, partition = self.targets.partitions[int(fault.pick * len(self.targets.partitions))]
         return self.cluster.leader(topic, partition)
 
     def act(self, fault: Fault) -> None:
@@ -194,9 +192,7 @@ class Comparison:
     @property
     def duplicated(self) -> int:
         """Records seen, and rows stored, more than once."""
-        return (len(self.records) - len(set(self.records))) + (
-            len(self.rows) - len(set(self.rows))
-        )
+        return (len(self.records) - len(set(self.records))) + (len(self.rows) - len(set(self.rows)))
 
     @property
     def lost(self) -> int:

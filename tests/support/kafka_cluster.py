@@ -114,6 +114,11 @@ class KafkaCluster:
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT",
             "controller.quorum.bootstrap.servers": quorum,
             "log.dirs": str(self.controller.folder / "data"),
+            # With eligible leader replicas (KIP-966, on by default from 4.1), the active
+            # controller writes a cluster-level min.insync.replicas from its own static
+            # configuration when none exists, and that overrides every broker's static
+            # setting: set on the brokers alone, 2 would silently be 1.
+            "min.insync.replicas": _CLUSTER_PROPERTIES["min.insync.replicas"],
         }
         self.nodes: dict[int, ApacheKafka] = {}
         for node_id in BROKERS:

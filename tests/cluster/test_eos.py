@@ -1,0 +1,238 @@
+"""The exactly-once loop (``ExactlyOnceProcessor``) while the three-broker cluster's
+brokers fail.
+
+Two processors share a consumer group (KIP-848's ``consumer`` protocol, the 4.x default),
+each with a transactional id of its own, and copy an input topic to an output topic
+(``out-<value>``) while a feeder (an idempotent producer) keeps adding input. A processor
+whose ``run()`` raises is replaced by a new one with the same transactional id, as a
+supervisor would.
+
+The schedule: the group coordinator is bounced (clean or hard, drawn from the seed) while
+the first processor sends its offsets to a transaction; then ``BrokerFaults`` bounces the
+transaction coordinators, the group coordinator and partition leaders, and pauses brokers
+past the replica lag, for the schedule's seconds.
+
+Then: once the cluster healed, every processor commits again and the group's committed
+offsets reach the end of the input; a read_committed consumer (kafka-python) sees every
+input's output exactly once and nothing else; no transaction is left open on the output;
+every error that stopped a ``run()`` is one the docs name.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import tenacity
+from confluent_kafka import Message, Producer
+
+from kafka_txn.eos import ExactlyOnceProcessor, OutputRecord
+from tests.support.cluster_faults import (
+    SECONDS,
+    SEED,
+    BrokerFaults,
+    Figures,
+    Targets,
+    assert_exactly_once,
+    compare,
+    documented_errors,
+    wait_for,
+)
+from tests.support.eos_topics import committed_offsets, positions_after_last_record
+from tests.support.kafka_cluster import Bounce, KafkaCluster
+from tests.support.rig import Broker
+
+pytestmark = [pytest.mark.cluster, pytest.mark.adversary]
+
+PARTITIONS = 3
+PROCESSORS = 2
+PROGRESS_S = 120.0
+
+
+class Feeder:
+    """Adds input (``in-<n>``, every partition in turn) until stopped: an idempotent
+    producer (acks=all), so a retried send is never written twice."""
+
+    def __init__(self, cluster: KafkaCluster, topic: str) -> None:
+        self.topic = topic
+        self.producer = Producer(
+            {"bootstrap.servers": cluster.bootstrap_servers, "enable.idempotence": True,
+             "log_level": 0}
+        )  # fmt: skip
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="feeder", daemon=True)
+
+    def feed(self, count: int) -> None:
+        for _ in range(count):
+            self.producer.produce(
+                self.topic, b"in-%06d" % self.sent, partition=self.sent % PARTITIONS
+            )
+            self.sent += 1
+        self.producer.poll(0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.feed(6)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        left = self.producer.flush(120)
+        assert left == 0, f"{left} inputs undelivered two minutes after the faults ended"
+
+
+class Slot:
+    """One processor at a time for a transactional id; a new one after ``run()`` raised."""
+
+    def __init__(self, make: Callable[[], ExactlyOnceProcessor]) -> None:
+        self.make = make
+        self.errors: list[BaseException] = []
+        self.transactions = 0
+        self.restarts = 0
+        self.processor: ExactlyOnceProcessor | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            processor = self.processor = self.make()
+            try:
+                processor.run()
+            except Exception as exc:
+                self.errors.append(exc)
+                self.restarts += 1
+                time.sleep(0.5)
+            finally:
+                self.transactions += processor.stats.transactions
+
+    def committed(self) -> int:
+        """Transactions committed by this slot's processors so far."""
+        current = self.processor
+        return self.transactions + (current.stats.transactions if current else 0)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.processor is not None:
+            self.processor.stop()
+        self._thread.join(timeout=120)
+        assert not self._thread.is_alive(), "a processor did not stop within 120 s"
+
+
+@pytest.mark.timeout(600 + 3 * SECONDS)
+@pytest.mark.guarantee("7.3")
+def test_processors_under_broker_faults(cluster: KafkaCluster, cluster_broker: Broker) -> None:
+    """The schedule of the module docstring."""
+    source = cluster_broker.create_topic(partitions=PARTITIONS)
+    sink = cluster_broker.create_topic(partitions=PARTITIONS)
+    group = f"cluster-eos-{uuid.uuid4().hex[:8]}"
+    ids = [f"cluster-eos-{slot}-{uuid.uuid4().hex[:8]}" for slot in range(PROCESSORS)]
+    how: Bounce = random.Random(SEED).choice(["clean", "hard"])
+    bounced: list[str] = []
+    bring_ups: list[threading.Thread] = []
+
+    def process(record: Message) -> list[OutputRecord]:
+        time.sleep(0.002)
+        return [OutputRecord(sink, b"out-" + (record.value() or b""), record.key())]
+
+    def bounce_group_coordinator_at_offsets(processor: ExactlyOnceProcessor) -> None:
+        """Bounce the group coordinator as ``processor`` sends offsets, once."""
+        send = processor.producer.send_offsets_to_transaction
+
+        def send_offsets(*args: Any, **kwargs: Any) -> None:
+            if not bounced:
+                node = cluster.group_coordinator(group)
+                cluster.take_down(node, how)
+                bounced.append(f"sending offsets: {how} bounce of broker {node}")
+                thread = threading.Thread(target=cluster.bring_up, args=(node,), daemon=True)
+                thread.start()
+                bring_ups.append(thread)
+            send(*args, **kwargs)
+
+        processor.producer.send_offsets_to_transaction = send_offsets  # type: ignore[method-assign]
+
+    def maker(txn_id: str, first: bool) -> Callable[[], ExactlyOnceProcessor]:
+        def make() -> ExactlyOnceProcessor:
+            processor = ExactlyOnceProcessor(
+                {"bootstrap.servers": cluster.bootstrap_servers, "group.id": group,
+                 "log_level": 0},
+                {"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": txn_id,
+                 "log_level": 0},
+                [source], process, batch_size=20, backoff=tenacity.wait_fixed(0.1),
+            )  # fmt: skip
+            if first and not bounced:
+                bounce_group_coordinator_at_offsets(processor)
+            return processor
+
+        return make
+
+    slots = [Slot(maker(txn_id, slot == 0)) for slot, txn_id in enumerate(ids)]
+    feeder = Feeder(cluster, source)
+    faults = BrokerFaults(
+        cluster,
+        Targets(lambda: ids, [(t, p) for t in (source, sink) for p in range(PARTITIONS)], group),
+        SEED,
+    )
+    where = f"KAFKA_TXN_CLUSTER_SEED={SEED}"
+    try:
+        feeder.feed(60)
+        for slot in slots:
+            slot.start()
+        wait_for(lambda: bool(bounced), 120, f"the group coordinator's bounce ({where})")
+        for thread in bring_ups:
+            thread.join(timeout=180)
+        cluster.wait_healed()
+        feeder.start()
+        with faults.running(SECONDS):
+            faults.wait_until_stopped(SECONDS + 5)
+        # The cluster has healed: every processor commits again, and the group gets to
+        # the end of the input.
+        before = [slot.committed() for slot in slots]
+        feeder.feed(30)
+        wait_for(
+            lambda: all(slot.committed() > before[i] for i, slot in enumerate(slots)),
+            PROGRESS_S,
+            f"a commit by every processor after the cluster healed ({where}; "
+            f"{faults.summary()}; errors {[s.errors for s in slots]})",
+        )
+        feeder.stop()
+        ends = positions_after_last_record(cluster_broker, source, feeder.sent)
+        wait_for(
+            lambda: committed_offsets(cluster_broker, group, source, PARTITIONS) == ends,
+            PROGRESS_S,
+            f"the group's offsets at the end of the input ({where})",
+        )
+    finally:
+        for slot in slots:
+            slot.stop()
+    inputs = [
+        (v or b"").decode()
+        for _, v in cluster_broker.read_committed(source, expected=feeder.sent, timeout=90)
+    ]
+    comparison = compare(cluster_broker, sink, [f"out-{v}" for v in inputs])
+    errors = Counter(type(e).__name__ for slot in slots for e in slot.errors)
+    faults.tally[f"bounces {how}"] += 1
+    faults.done.insert(0, bounced[0])
+    Figures(
+        "ExactlyOnceProcessor",
+        faults,
+        sum(slot.committed() for slot in slots),
+        comparison,
+        errors,
+    ).record()
+    context = f"{where}; {faults.summary()}"
+    assert len(inputs) == feeder.sent, f"the input itself lost or doubled records ({context})"
+    assert_exactly_once(comparison, context)
+    assert set(errors) <= documented_errors("eos"), (errors, context)

@@ -134,7 +134,11 @@ class Slot:
 @pytest.mark.timeout(600 + 3 * SECONDS)
 @pytest.mark.guarantee("7.3")
 def test_processors_under_broker_faults(cluster: KafkaCluster, cluster_broker: Broker) -> None:
-    """The schedule of the module docstring."""
+    """Two processors in one group copy a growing input while the group coordinator is
+    bounced as offsets are sent, then coordinators and leaders are bounced and brokers
+    paused: every input's output is seen exactly once (kafka-python, read_committed), the
+    group's offsets reach the end of the input, nothing is left open, and each processor
+    commits again once the cluster healed."""
     source = cluster_broker.create_topic(partitions=PARTITIONS)
     sink = cluster_broker.create_topic(partitions=PARTITIONS)
     group = f"cluster-eos-{uuid.uuid4().hex[:8]}"

@@ -110,7 +110,10 @@ class Query:
 def test_streaming_query_under_broker_faults(
     cluster: KafkaCluster, cluster_broker: Broker, postgres_jdbc: str, tmp_path: Path
 ) -> None:
-    """The schedule of the module docstring."""
+    """A streaming query through KafkaJdbcSink, run again from its checkpoint with new
+    files while its transaction coordinators and leaders are bounced and brokers paused:
+    the table and a read_committed consumer (kafka-python) each hold every input record
+    once, nothing is left open, and the query ends well once the cluster healed."""
     query = Query(cluster_broker, postgres_jdbc, tmp_path)
     faults = BrokerFaults(
         cluster,

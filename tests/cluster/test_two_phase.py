@@ -192,7 +192,10 @@ def test_the_coordinator_bounced_at_each_step_of_two_phase_commit(
 def test_runs_crashing_under_broker_faults(
     cluster: KafkaCluster, cluster_broker: Broker, tmp_path: Path
 ) -> None:
-    """The second schedule of the module docstring."""
+    """Runs that exit hard after a seeded step (prepare, the decision, the Kafka commit)
+    while coordinators and leaders are bounced and brokers paused, each recovered by the
+    next fresh process: the rows are the records, each once, nothing is left open, and
+    the runs commit again once the cluster healed."""
     app = App(cluster, cluster_broker, tmp_path)
     faults = BrokerFaults(
         cluster, Targets(lambda: [app.txn_id], [(app.topic, p) for p in range(3)]), SEED

@@ -21,8 +21,10 @@ every error that stopped a ``run()`` is one the docs name.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -91,6 +93,12 @@ class Feeder:
         assert left == 0, f"{left} inputs undelivered two minutes after the faults ended"
 
 
+def stack_of(thread: threading.Thread) -> str:
+    """Where ``thread`` is now (for a failure that names a hang)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(gone)"
+
+
 class Slot:
     """One processor at a time for a transactional id; a new one after ``run()`` raised."""
 
@@ -128,7 +136,9 @@ class Slot:
         if self.processor is not None:
             self.processor.stop()
         self._thread.join(timeout=120)
-        assert not self._thread.is_alive(), "a processor did not stop within 120 s"
+        assert not self._thread.is_alive(), (
+            f"a processor did not stop within 120 s; it is at:\n{stack_of(self._thread)}"
+        )
 
 
 @pytest.mark.timeout(600 + 3 * SECONDS)
@@ -209,7 +219,9 @@ def test_processors_under_broker_faults(cluster: KafkaCluster, cluster_broker: B
             lambda: all(slot.committed() > before[i] for i, slot in enumerate(slots)),
             PROGRESS_S,
             f"a commit by every processor after the cluster healed ({where}; "
-            f"{faults.summary()}; errors {[s.errors for s in slots]})",
+            f"{faults.summary()}; errors {[s.errors for s in slots]}; committed "
+            f"{[s.committed() for s in slots]} (before: {before}); the processors are at "
+            + "\n".join(stack_of(s._thread) for s in slots),
         )
         feeder.stop()
         ends = positions_after_last_record(cluster_broker, source, feeder.sent)

@@ -13,7 +13,8 @@ Two schedules:
   prepare and the decision, between the decision and the Kafka commit, during recovery's
   EndTxn in a fresh process (the run before exited after its decision), and while the
   coordinator aborts a prepared transaction past its ``transaction.timeout.ms`` (the run
-  before exited before its decision);
+  before exited before its decision, or after it: then recovery names the divergence,
+  as the coordinator that took over shows the transaction aborted);
 - **runs crashing under broker faults**: each run exits after a step drawn from the seed
   (or finishes) while ``BrokerFaults`` bounces coordinators and leaders and pauses
   brokers; the next run, a fresh process, recovers.
@@ -65,6 +66,7 @@ class App:
         self.cluster = cluster
         self.topic = broker.create_topic(partitions=3)
         self.txn_id = f"cluster-2pc-{uuid.uuid4().hex[:10]}"
+        folder.mkdir(parents=True, exist_ok=True)
         self.db = folder / "app.sqlite"
         self.hold_file = folder / "held"
         self.batch = 0
@@ -179,7 +181,22 @@ def test_the_coordinator_bounced_at_each_step_of_two_phase_commit(
     code, outcome = app.run(mode="recover")
     assert code == 0, (app.errors, app.bounces)
     assert app.run()[0] == 0
+
+    # The same timeout after the decision (the database committed, the run exited before
+    # the Kafka commit): recovery in a fresh process, against the coordinator that took
+    # over, names the divergence (the coordinator shows the stored transaction aborted),
+    # never "unknowable". A separate application: its database is meant to diverge.
     app.healed()
+    diverged = App(cluster, cluster_broker, tmp_path / "diverged")
+    assert diverged.run()[0] == 0
+    assert diverged.run(crash_at="after_decision", timeout_ms=timeout_ms)[0] == 71
+    time.sleep(timeout_ms / 1000 + 1.2)
+    diverged.bounce("hard", "the coordinator aborting a decided, timed-out transaction")
+    assert diverged.run(mode="recover")[0] != 0
+    assert diverged.errors == Counter({"TransactionDivergedError": 1}), diverged.errors
+    diverged.healed()
+    app.bounces += diverged.bounces
+
     faults = BrokerFaults(cluster, Targets(list, []))
     for done in app.bounces:
         faults.tally[f"bounces {'clean' if ': clean' in done else 'hard'}"] += 1

@@ -9,10 +9,12 @@ Two schedules per database:
   recovery's EndTxn (the writer before stopped between its two commits), and while the
   coordinator aborts a transaction past its ``transaction.timeout.ms``; SIGKILLed right
   after it answered the Kafka commit; and the leader of the partition written to is
-  bounced during the flush prepare waits for. A transaction
-  that meets a moved coordinator before its decision commits or rolls back whole; one
-  that meets it after the database commit still commits in Kafka (librdkafka retries
-  EndTxn with the new coordinator; recovery's coordinator client finds it again);
+  bounced during the flush prepare waits for. A transaction that meets a moved
+  coordinator before its decision commits or rolls back whole; one that meets it after
+  the database commit still commits in Kafka (librdkafka retries EndTxn with the new
+  coordinator; recovery's coordinator client finds it again). ``make test`` deals the
+  points between the two databases (``chosen_points``), ``make soak`` runs every point
+  on both;
 - **writers under broker faults**: writer processes (tests/apps/adversary_app.py, each
   with a transactional id of its own, SIGKILLed and started again on the seed's timers)
   while ``BrokerFaults`` bounces coordinators and leaders and pauses brokers past the
@@ -34,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,17 +192,9 @@ def test_the_coordinator_bounced_at_each_step_of_a_dual_write(
 
         return on_step
 
-    # Between prepare and the database commit, then between the two commits: the
-    # writer's transaction goes on against a moved coordinator and commits. Then the
-    # coordinator SIGKILLed right after it answered the Kafka commit's EndTxn: the
-    # partitions' next leaders take the markers (on a one-node Kafka they can be lost,
-    # docs/guide/operations.md), and the writer's next transaction commits.
-    for step, how in (
-        ("after_prepare", hows[0]),
-        ("after_db_commit", hows[1]),
-        ("after_kafka_commit", "hard"),
-    ):
-        cluster.wait_healed()
+    def at_step(step: str, how: Bounce) -> None:
+        """The coordinator bounced at ``step`` of a transaction, which goes on against
+        the moved coordinator and commits; so does the next one."""
         writer, _ = started(conf, jdbc, on_step=hook_at(step, how))
         try:
             assert write(writer, step), f"{step}: {errors} ({where})"
@@ -208,75 +202,89 @@ def test_the_coordinator_bounced_at_each_step_of_a_dual_write(
         finally:
             writer.close()
 
-    # The leader of the partition written to, during the flush prepare waits for: the
-    # records wait in librdkafka's queue (linger.ms) as the leader goes down, and
-    # prepare's flush delivers them to the next leader.
-    cluster.wait_healed()
-    leader_down = [True]
+    def leader_during_flush() -> None:
+        """The leader of the partition written to bounced during the flush prepare waits
+        for: the records wait in librdkafka's queue (linger.ms) as the leader goes down,
+        and prepare's flush delivers them to the next leader."""
+        leader_down = [True]
 
-    def leader_at_flush(name: str) -> None:
-        if name == "after_send" and leader_down:
-            leader_down.clear()
-            bounce.node(cluster.leader(topic, 0), hows[4], "the leader during prepare's flush")
+        def leader_at_flush(name: str) -> None:
+            if name == "after_send" and leader_down:
+                leader_down.clear()
+                bounce.node(cluster.leader(topic, 0), hows[4], "the leader during the flush")
 
-    writer, _ = started({**conf, "linger.ms": 2000}, jdbc, on_step=leader_at_flush)
-    try:
-        assert write(writer, "flush", partition=0), f"flush: {errors} ({where})"
-    finally:
-        writer.close()
+        writer, _ = started({**conf, "linger.ms": 2000}, jdbc, on_step=leader_at_flush)
+        try:
+            assert write(writer, "flush", partition=0), f"flush: {errors} ({where})"
+        finally:
+            writer.close()
 
-    # During recovery's EndTxn: a writer stopped between its two commits (the database
-    # committed, Kafka holds the transaction prepared); the next start() commits it,
-    # with the coordinator bounced as its EndTxn is sent.
-    bounce.healed()
-    stopped = [True]
+    def recovery_end_txn() -> None:
+        """A writer stopped between its two commits (the database committed, Kafka holds
+        the transaction prepared); the next start() commits it, with the coordinator
+        bounced as its EndTxn is sent."""
+        stopped = [True]
 
-    def stop_after_db_commit(name: str) -> None:
-        if name == "after_db_commit" and stopped:
-            stopped.clear()
-            raise Interrupted("stopped between the two commits")
+        def stop_after_db_commit(name: str) -> None:
+            if name == "after_db_commit" and stopped:
+                stopped.clear()
+                raise Interrupted("stopped between the two commits")
 
-    writer, _ = started(conf, jdbc, on_step=stop_after_db_commit)
-    with pytest.raises(Interrupted):
+        writer, _ = started(conf, jdbc, on_step=stop_after_db_commit)
         write_ids = [f"recovery-{i}" for i in range(RECORDS)]
-        with writer.transaction() as tx:
+        with pytest.raises(Interrupted), writer.transaction() as tx:
             tx.connection.execute(insert(data), [{"id": i} for i in write_ids])
             for record_id in write_ids:
                 tx.produce(topic, record_id.encode(), key=record_id.encode())
-    writer.close()
-    end_txn = CoordinatorClient.end_txn
-    bounced = [False]
-
-    def end_txn_bounced(self: CoordinatorClient, *args: Any, **kwargs: Any) -> None:
-        if not bounced[0]:
-            bounced[0] = True
-            bounce(hows[2], "recovery's EndTxn")
-        end_txn(self, *args, **kwargs)
-
-    monkeypatch.setattr(CoordinatorClient, "end_txn", end_txn_bounced)
-    writer, outcome = started(conf, jdbc)
-    monkeypatch.undo()
-    try:
-        assert bounced[0] and outcome == TransactionOutcome.COMMITTED.value, (outcome, where)
-        told_committed.update(write_ids)
-        assert write(writer, "after-recovery"), f"after recovery: {errors} ({where})"
-    finally:
         writer.close()
+        end_txn = CoordinatorClient.end_txn
+        bounced = [False]
 
-    # The coordinator bounced as it aborts a transaction past its timeout: the writer's
-    # prepare finds it aborted, the database rolls back, and the next writer goes on.
-    bounce.healed()
-    timeout_ms = 4000
-    writer, _ = started({**conf, "transaction.timeout.ms": timeout_ms}, jdbc)
-    try:
-        assert not write(writer, "timed-out", pause=timeout_ms / 1000 + 1.5), where
-    finally:
-        writer.close()
-    writer, _ = started(conf, jdbc)
-    try:
-        assert write(writer, "after-timeout"), f"after the timed-out one: {errors} ({where})"
-    finally:
-        writer.close()
+        def end_txn_bounced(self: CoordinatorClient, *args: Any, **kwargs: Any) -> None:
+            if not bounced[0]:
+                bounced[0] = True
+                bounce(hows[2], "recovery's EndTxn")
+            end_txn(self, *args, **kwargs)
+
+        monkeypatch.setattr(CoordinatorClient, "end_txn", end_txn_bounced)
+        writer, outcome = started(conf, jdbc)
+        monkeypatch.undo()
+        try:
+            assert bounced[0] and outcome == TransactionOutcome.COMMITTED.value, (outcome, where)
+            told_committed.update(write_ids)
+            assert write(writer, "after-recovery"), f"after recovery: {errors} ({where})"
+        finally:
+            writer.close()
+
+    def timed_out_abort() -> None:
+        """The coordinator bounced as it aborts a transaction past its timeout: the
+        writer's prepare finds it aborted, the database rolls back, the next writer goes
+        on."""
+        timeout_ms = 3000
+        writer, _ = started({**conf, "transaction.timeout.ms": timeout_ms}, jdbc)
+        try:
+            assert not write(writer, "timed-out", pause=timeout_ms / 1000 + 1.5), where
+        finally:
+            writer.close()
+        writer, _ = started(conf, jdbc)
+        try:
+            assert write(writer, "after-timeout"), f"after the timed-out one: {errors} ({where})"
+        finally:
+            writer.close()
+
+    points: list[tuple[str, Callable[[], None]]] = [
+        ("between prepare and the database commit", lambda: at_step("after_prepare", hows[0])),
+        ("between the two commits", lambda: at_step("after_db_commit", hows[1])),
+        # SIGKILLed right after it answered the Kafka commit: the partitions' next leaders
+        # take the markers (a one-node Kafka can lose them: docs/guide/operations.md).
+        ("right after the Kafka commit", lambda: at_step("after_kafka_commit", "hard")),
+        ("the leader during prepare's flush", leader_during_flush),
+        ("during recovery's EndTxn", recovery_end_txn),
+        ("as it aborts a timed-out transaction", timed_out_abort),
+    ]
+    for _, point in chosen_points(points, jdbc):
+        bounce.healed()
+        point()
     bounce.healed()
 
     comparison = compare(cluster_broker, topic, rows(jdbc, table))
@@ -291,6 +299,21 @@ def test_the_coordinator_bounced_at_each_step_of_a_dual_write(
     assert told_committed <= set(comparison.rows), where
     assert not any(r.startswith("timed-out") for r in comparison.rows), where
     assert set(errors) <= documented_errors("dual-write"), (errors, where)
+
+
+def chosen_points(
+    points: list[tuple[str, Callable[[], None]]], jdbc: str
+) -> list[tuple[str, Callable[[], None]]]:
+    """The points this database's run bounces at: every one with
+    ``KAFKA_TXN_CLUSTER_EVERY_STEP`` set (``make soak``); otherwise half, the seed
+    dealing them between PostgreSQL and MariaDB, so that ``make test`` covers every
+    point once in about half the time."""
+    if os.environ.get("KAFKA_TXN_CLUSTER_EVERY_STEP"):
+        return points
+    order = list(range(len(points)))
+    random.Random(SEED).shuffle(order)
+    mine = order[0 if jdbc.startswith("jdbc:postgresql") else 1 :: 2]
+    return [points[i] for i in sorted(mine)]
 
 
 def _fixed_faults(cluster: KafkaCluster, bounce: CoordinatorBounce) -> BrokerFaults:

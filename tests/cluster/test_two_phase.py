@@ -174,7 +174,7 @@ def test_the_coordinator_bounced_at_each_step_of_two_phase_commit(
     # A prepared transaction left undecided past transaction.timeout.ms: the coordinator
     # aborts it (its check runs every second here) as it is bounced.
     app.healed()
-    timeout_ms = 4000
+    timeout_ms = 3000
     assert app.run(crash_at="after_prepare", timeout_ms=timeout_ms)[0] == 70
     time.sleep(timeout_ms / 1000 + 1.2)
     app.bounce(hows[3], "the coordinator aborting a timed-out transaction")

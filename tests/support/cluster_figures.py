@@ -1,4 +1,4 @@
-"""The table of docs/guide/operations.md's cluster figures, from the JSON lines the fault
+"""The table of cluster figures in docs/guarantees.md, from the JSON lines the fault
 schedules of tests/cluster/ append to ``KAFKA_TXN_CLUSTER_REPORT`` (``make soak`` sets
 it): per capability, the bounces and pauses survived, the client crashes, the
 transactions committed, the records lost and duplicated, and the errors seen by kind.

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -455,7 +456,12 @@ def run(
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+        help="the Kafka cluster (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092, "
+        "where `kafka-txn broker` listens)",
+    )
     parser.add_argument("--input-topic", required=True)
     parser.add_argument("--output-topic", required=True)
     parser.add_argument("--group", required=True)

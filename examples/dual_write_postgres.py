@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -94,7 +95,12 @@ def run(args: argparse.Namespace) -> tuple[int, int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+        help="the Kafka cluster (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092, "
+        "where `kafka-txn broker` listens)",
+    )
     parser.add_argument("--jdbc-url", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--transactional-id", default="orders-writer-0")

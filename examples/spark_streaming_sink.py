@@ -76,7 +76,12 @@ def run(args: argparse.Namespace) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+        help="the Kafka cluster (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092, "
+        "where `kafka-txn broker` listens)",
+    )
     parser.add_argument("--jdbc-url", required=True)
     parser.add_argument("--input", required=True)
     parser.add_argument("--checkpoint", required=True)

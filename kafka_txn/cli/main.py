@@ -4,6 +4,7 @@
     kafka-txn recover --bootstrap-servers B --jdbc-url URL --transactional-id X [--yes]
     kafka-txn force-terminate --bootstrap-servers B --transactional-id X [--yes]
     kafka-txn demo [--bootstrap-servers B] [--batches N] [--seed S]
+    kafka-txn broker [--kind apache-kafka|noida] [--port N] [--listen ADDRESS] [--data-dir DIR]
 
 ``-X key=value`` passes any librdkafka setting (security.protocol, sasl.*, ssl.*). Each
 failure is one line on stderr. Exit codes: 0 done; 1 the operation failed (broker,
@@ -20,7 +21,7 @@ anything changed while the question was open; recover checks the state row once 
 under its lock, before it settles or fences anything (``fencing.guard_row``).
 
 This module is the parser and the dispatch. Each command has its module (``describe``,
-``recover``, ``force_terminate``, ``demo``); ``settings`` checks ``-X`` and the other
+``recover``, ``force_terminate``, ``demo``, ``broker``); ``settings`` checks ``-X`` and the other
 connection settings, ``exits`` holds the exit codes and the one line on stderr.
 """
 
@@ -61,6 +62,22 @@ def _demo(args: argparse.Namespace) -> int:
             EXIT_FAILED, f"kafka-txn demo needs {exc.name or exc}: pip install 'kafka-txn[demo]'"
         ) from exc
     return run_demo(args.bootstrap_servers, batches=args.batches, seed=args.seed)
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from kafka_txn.cli.broker import run_broker  # noqa: PLC0415
+
+    return run_broker(args.kind, listen=args.listen, port=args.port, data_dir=args.data_dir)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1 to 65535)")
+    return value
 
 
 # ---------------------------------------------------------------------- arguments
@@ -218,6 +235,35 @@ def _parser() -> argparse.ArgumentParser:
         help="seed of the random crash steps (default 7)",
     )  # fmt: skip
     p.set_defaults(run=_demo, verbose=0)
+
+    p = sub.add_parser(
+        "broker", help="run a local Kafka broker for your application (Ctrl-C stops it)",
+        description="A single local Kafka broker, in the foreground: Apache Kafka (one "
+        "KRaft broker+controller, transaction.version 2) when java and mvn are on PATH, "
+        "else noida-db (pip install 'kafka-txn[demo]'). Once it answers, prints key=value "
+        "lines on stdout, bootstrap.servers=HOST:PORT last. Ctrl-C or SIGTERM stops it "
+        "by its PID (SIGKILL if it has not stopped in time) and exits 0.",
+    )  # fmt: skip
+    p.add_argument(
+        "--kind", choices=("apache-kafka", "noida"),
+        help="which broker (default: the kind --data-dir was made with, else apache-kafka "
+        "when java and mvn are on PATH, else noida)",
+    )  # fmt: skip
+    p.add_argument(
+        "--port", type=_port, default=9092, metavar="N",
+        help="the Kafka port (default 9092; a taken port fails at once)",
+    )  # fmt: skip
+    p.add_argument(
+        "--listen", default="127.0.0.1", metavar="ADDRESS",
+        help="the IPv4 address to listen on (default 127.0.0.1, this machine only; 0.0.0.0: "
+        "every interface, the printed address being this host's name)",
+    )  # fmt: skip
+    p.add_argument(
+        "--data-dir", metavar="DIR",
+        help="keep the broker's data in DIR across runs (a new or empty folder the first "
+        "time; default: a temporary folder, deleted when the broker stops)",
+    )  # fmt: skip
+    p.set_defaults(run=_broker, verbose=0)
     return parser
 
 

@@ -23,6 +23,7 @@ EXTRAS: Final[dict[str, tuple[str, ...]]] = {
     "mysql": ("sqlalchemy", "pymysql"),
     "spark": ("sqlalchemy", "pyspark"),
     "prometheus": ("prometheus_client",),
+    "otel": ("opentelemetry",),
 }
 """Each extra of pyproject.toml that code imports, and the top-level packages it needs."""
 

@@ -17,9 +17,11 @@ from kafka_txn._extras import installed, missing_extra
 from kafka_txn.classification import ERROR_TABLE, ErrorRule, classify
 from kafka_txn.config import ProducerSettings
 from kafka_txn.errors import (
+    BrokerUnreachableError,
     CommitFailedException,
     ConfigurationError,
     DatabaseCommitUnknownError,
+    DatabaseUnavailableError,
     ErrorCategory,
     FailureType,
     FatalError,
@@ -78,9 +80,11 @@ if not TYPE_CHECKING:  # hidden from type checkers: they would type any name as 
 
 __all__ = [
     "ERROR_TABLE",
+    "BrokerUnreachableError",
     "CommitFailedException",
     "ConfigurationError",
     "DatabaseCommitUnknownError",
+    "DatabaseUnavailableError",
     "DeliveryCallback",
     "DeliveryFuture",
     "DualWriteTransaction",

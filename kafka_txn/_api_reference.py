@@ -41,6 +41,7 @@ API_MODULES: Final = (
     "kafka_txn.spark",
     "kafka_txn.eos",
     "kafka_txn.metrics",
+    "kafka_txn.tracing",
     "kafka_txn.testing",
 )
 """The documented modules, in page order; a re-exported name is documented under

@@ -7,6 +7,12 @@ A ``NullHandler`` on the package's top logger stops that and nothing else: recor
 propagate to whatever handlers the application installs (the Python logging HOWTO,
 "Configuring Logging for a Library"). Imported by ``kafka_txn/__init__.py``, so it is in
 place before any submodule logs.
+
+librdkafka's own lines reach ``kafka_txn.librdkafka`` through confluent-kafka's ``logger``
+setting, which queues them for ``poll()`` (librdkafka's threads cannot call Python): they
+are logged when a call serves that queue. ``init_transactions()`` serves it between
+slices of at most a second while it waits (``producer.reachability.SLICE_S``); other
+blocking calls log theirs when they return or at the next ``poll()``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ librdkafka itself when the producer is built, and translated to the same error.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,39 @@ def user_key_for(canonical: str, config: Mapping[str, Any]) -> str:
         if alias in config:
             return alias
     return canonical
+
+
+_KEYWORD_ARGUMENTS = {
+    "operation_timeout": "operation_timeout",
+    "queue_full_timeout": "queue_full_timeout",
+    "prepare_min_time_left": "prepare_min_time_left",
+    "key_serializer": "key_serializer",
+    "value_serializer": "value_serializer",
+    # confluent-kafka's SerializingProducer takes its serializers in the config dict.
+    "key.serializer": "key_serializer",
+    "value.serializer": "value_serializer",
+    "metrics": "metrics",
+}
+"""Config keys that are TransactionalProducer keyword arguments, not librdkafka
+properties (librdkafka would call them unknown), and the argument each one is."""
+
+_OBJECT_KEYS = frozenset({"logger"})
+"""confluent-kafka properties whose value is an object (a ``logging.Logger``)."""
+
+
+def close_match(key: str, names: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The one of ``names`` that ``key`` most likely misspells, if any (difflib's
+    similarity ratio at least ``cutoff``)."""
+    close = difflib.get_close_matches(key, list(names), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def _misspelt(required: str, conf: Mapping[str, Any]) -> str:
+    """For a missing required key: the key of ``conf`` that looks like a misspelling of
+    it, as a question to append to the error ("" if none)."""
+    # 0.75: "transaction.timeout.ms" (0.68 to "transactional.id") is no misspelling.
+    given = close_match(required, [key for key in conf if key != required], cutoff=0.75)
+    return "" if given is None else f"; did you mean it instead of {given!r}?"
 
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -193,11 +226,10 @@ def _describe_setting_error(error: Mapping[str, Any]) -> str:
         )
     if kind == "extra_forbidden":
         key = str(loc[0])
-        names = [*ProducerSettings.model_fields, *_ALIASES]
-        close = difflib.get_close_matches(key, names, n=1)
+        close = close_match(key, [*ProducerSettings.model_fields, *_ALIASES])
         hint = (
-            f"did you mean {close[0]!r}?"
-            if close
+            f"did you mean {close!r}?"
+            if close is not None
             else f"a librdkafka property goes in extra={{{key!r}: ...}}"
         )
         return f"{key!r} is not a ProducerSettings field: {hint}"
@@ -264,6 +296,26 @@ def _as_bool(key: str, value: Any) -> bool:
     raise ConfigurationError(f"{key}={value!r} is not a boolean: use true or false")
 
 
+def _check_value_type(key: str, value: Any) -> None:
+    """librdkafka properties are strings; confluent-kafka passes every other value as
+    its ``str()``, so a list of servers would become "['a:9092']", which librdkafka
+    tries to resolve until the first call times out. A number or boolean is fine (its
+    str() is what librdkafka parses), and so is a callable or a ``logger``."""
+    if isinstance(value, (str, int, float)) or callable(value) or key in _OBJECT_KEYS:
+        return
+    servers = key in ("bootstrap.servers", "metadata.broker.list")
+    if servers and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        raise ConfigurationError(
+            f"{key} must be one string, got a {type(value).__name__}: join the "
+            f"addresses with commas, {key!r}: {','.join(value)!r}"
+        )
+    raise ConfigurationError(
+        f"{key} is set to a {type(value).__name__}: librdkafka properties take a string, "
+        "a number or a boolean; "
+        + ("remove the key to use the default" if value is None else "give it as a string")
+    )
+
+
 def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedConfig:
     """Check a producer configuration and return it ready for confluent-kafka."""
     if isinstance(config, ProducerSettings):
@@ -281,12 +333,19 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
                 f"config key {key!r} is not a string: librdkafka properties are named by "
                 "strings, e.g. 'linger.ms'"
             )
+        if key in _KEYWORD_ARGUMENTS:
+            argument = _KEYWORD_ARGUMENTS[key]
+            raise ConfigurationError(
+                f"{key!r} is not a librdkafka property but a keyword argument: pass "
+                f"{argument}=... to TransactionalProducer (or DualWriter), not in the config"
+            )
 
     txn_id = conf.get("transactional.id")
     if txn_id is None or (isinstance(txn_id, str) and not txn_id.strip()):
         raise ConfigurationError(
             "transactional.id is required: set it to a name that is stable across "
             "restarts of this producer (e.g. 'orders-writer-0'); it is what fences zombies"
+            + _misspelt("transactional.id", conf)
         )
     if not isinstance(txn_id, str):
         raise ConfigurationError(
@@ -296,6 +355,7 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
     if "bootstrap.servers" not in conf and "test.mock.num.brokers" not in conf:
         raise ConfigurationError(
             "bootstrap.servers is required: set it to 'host:port[,host:port...]'"
+            + _misspelt("bootstrap.servers", conf)
         )
     for key in ("enable.idempotence", "enable_idempotence"):
         if key in conf and not _as_bool(key, conf[key]):
@@ -335,5 +395,7 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
                 )
             callbacks[key] = cb
     two_phase = _as_bool(TWO_PHASE_COMMIT_KEY, conf.pop(TWO_PHASE_COMMIT_KEY, False))
+    for key, value in conf.items():
+        _check_value_type(key, value)
     conf["enable.idempotence"] = True
     return ValidatedConfig(conf, txn_id, timeout_ms, callbacks, two_phase)

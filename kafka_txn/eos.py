@@ -30,13 +30,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import tenacity
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition, libversion
 
 from kafka_txn.config import ProducerSettings
 from kafka_txn.errors import (
+    BrokerUnreachableError,
     ConfigurationError,
     FailureType,
     FatalError,
@@ -45,8 +46,15 @@ from kafka_txn.errors import (
     TransactionOutcomeUnknownError,
     root_exception,
 )
+from kafka_txn.metrics import MetricsHook
+from kafka_txn.producer import arguments
 from kafka_txn.producer.delivery import DeliveryCallback
+from kafka_txn.producer.reachability import restated
 from kafka_txn.producer.transactional import TransactionalProducer
+from kafka_txn.tracing import Tracing, as_tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = [
     "DeadLetterRecoverer",
@@ -101,7 +109,12 @@ class DeadLetterRecoverer:
 
 @dataclass
 class ProcessorStats:
-    """What a run did."""
+    """What a run did. Committed work: ``transactions`` committed, the input
+    ``records`` whose offsets they committed, the ``outputs`` of ``process()`` they
+    committed, and the inputs ``recovered`` (handed to the recoverer) in them. Attempts:
+    ``attempted_outputs`` (outputs produced in every transaction, those aborted
+    included), ``aborts`` (transactions aborted) and ``retries`` (rollbacks, each
+    followed by the records coming round again)."""
 
     transactions: int = 0
     records: int = 0
@@ -109,6 +122,7 @@ class ProcessorStats:
     aborts: int = 0
     retries: int = 0
     recovered: int = 0
+    attempted_outputs: int = 0
 
 
 class _TransactionFailedError(Exception):
@@ -168,8 +182,10 @@ class ExactlyOnceProcessor:
     (``FailureType.MESSAGE_REJECTED``). ``commit_attempts`` is how many times a commit
     whose outcome is unknown (or an abort that did not complete) is tried before
     ``run()`` stops with ``TransactionOutcomeUnknownError`` (each try lasts up to the
-    producer's operation timeout, ``transaction.timeout.ms`` by default). ``sleep``
-    takes the backoff pauses.
+    producer's operation timeout, ``transaction.timeout.ms`` by default). ``metrics``
+    and ``tracing`` go to the producer (``TransactionalProducer``), and ``metrics``
+    also gets each transaction of the loop as the operation ``process_transaction``
+    (its duration; ``ok``: it committed). ``sleep`` takes the backoff pauses.
     """
 
     def __init__(
@@ -186,20 +202,44 @@ class ExactlyOnceProcessor:
         batch_size: int = 500,
         poll_timeout: float = 0.5,
         commit_attempts: int = 3,
+        metrics: MetricsHook | None = None,
+        tracing: Tracing | TracerProvider | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if not isinstance(consumer_config, Mapping):
+            raise TypeError(
+                "ExactlyOnceProcessor(consumer_config=...) must be a dict of librdkafka "
+                f"consumer properties, got {type(consumer_config).__name__}"
+            )
         if "group.id" not in consumer_config:
             raise ConfigurationError("consumer_config needs group.id (offsets commit to it)")
-        if max_attempts < 1:
-            raise ConfigurationError("max_attempts must be >= 1")
-        if commit_attempts < 1:
-            raise ConfigurationError("commit_attempts must be >= 1")
-        if not topics or isinstance(topics, str):
+        call = "ExactlyOnceProcessor"
+        for name, number in (
+            ("max_attempts", max_attempts),
+            ("commit_attempts", commit_attempts),
+            ("batch_size", batch_size),
+        ):
+            if isinstance(number, int) and not isinstance(number, bool) and number < 1:
+                raise ConfigurationError(f"{name} must be >= 1, got {number}")
+            arguments.count(number, call, name)  # a TypeError for any other type
+        if not topics or isinstance(topics, str) or not isinstance(topics, Sequence):
             raise ConfigurationError(
                 f"topics must be a non-empty list of topic names, got {topics!r}"
             )
-        if batch_size < 1:
-            raise ConfigurationError("batch_size must be >= 1")
+        for name in topics:
+            if not (isinstance(name, str) and name.startswith("^")):  # "^...": a regex
+                arguments.topic(name, call, "topics")
+        if dead_letter_topic is not None:
+            arguments.topic(dead_letter_topic, call, "dead_letter_topic")
+        arguments.callback(process, call, "process", none=False)
+        arguments.callback(recoverer, call, "recoverer")
+        if backoff is not None and not isinstance(backoff, tenacity.wait.wait_base):
+            raise TypeError(
+                f"{call}(backoff=...) must be a tenacity wait strategy (tenacity.wait_*) or "
+                f"None, got {backoff!r} ({type(backoff).__name__})"
+            )
+        arguments.wait(poll_timeout, call, "poll_timeout")
+        arguments.callback(sleep, call, "sleep", none=False)
         for key in ("enable.auto.commit", "isolation.level"):
             if key in consumer_config:
                 raise ConfigurationError(
@@ -228,6 +268,11 @@ class ExactlyOnceProcessor:
         # Inputs whose output Kafka rejected in the current transaction, with the error.
         self._rejected: dict[tuple[str, int, int], tuple[Message, BaseException]] = {}
         self._stop = threading.Event()
+        # Checked before either client exists.
+        self._metrics = arguments.hook(
+            metrics, "ExactlyOnceProcessor", "metrics", ("operation", "record_failed")
+        )
+        traced = as_tracing(tracing, "ExactlyOnceProcessor")
         self.consumer = Consumer(
             {
                 **consumer_config,
@@ -236,7 +281,12 @@ class ExactlyOnceProcessor:
                 "auto.offset.reset": consumer_config.get("auto.offset.reset", "earliest"),
             }
         )
-        self.producer = TransactionalProducer(_without_rebootstrap(producer_config))
+        self._outputs = 0  # produced in the open transaction
+        self.producer = TransactionalProducer(
+            _without_rebootstrap(producer_config),
+            metrics=metrics,
+            tracing=traced,
+        )
 
     def stop(self) -> None:
         """Ask ``run()`` to return after the current transaction (thread-safe)."""
@@ -252,9 +302,18 @@ class ExactlyOnceProcessor:
         ``TransactionOutcomeUnknownError`` (a commit still unsettled after
         ``commit_attempts`` tries: it was not aborted; a processor started again with the
         same transactional.id settles it and resumes from the committed offsets)."""
+        arguments.wait(idle_timeout, "run", "idle_timeout", none="no limit")
+        arguments.count(max_batches, "run", "max_batches", minimum=0, none="no limit")
         failed: BaseException | None = None
         try:
-            self.producer.init_transactions()
+            try:
+                self.producer.init_transactions()
+            except BrokerUnreachableError as exc:
+                # run() closes both clients when it stops: a new processor runs again.
+                raise restated(
+                    exc, "ExactlyOnceProcessor.run()",
+                    "then create the processor again and call run()",
+                ) from root_exception(exc)  # fmt: skip
             self.consumer.subscribe(self.topics, on_revoke=self._on_revoke, on_lost=self._on_revoke)
             idle_since = time.monotonic()
             while not self._done(max_batches):
@@ -345,9 +404,21 @@ class ExactlyOnceProcessor:
         """One transaction over ``chunk``; True if it committed. On failure: abort, then
         rewind every partition of ``pending`` (chunk and unprocessed rest) to its first
         offset there, then pause as the failure asks."""
+        start = time.perf_counter()
+        committed = False
+        try:
+            committed = self._transaction(chunk, pending)
+            return committed
+        finally:
+            if self._metrics is not None:
+                seconds = time.perf_counter() - start
+                self._metrics.operation("process_transaction", seconds, committed)
+
+    def _transaction(self, chunk: list[Message], pending: list[Message]) -> bool:
         failure: _TransactionFailedError | None = None
         recovered: list[tuple[str, int, int]] = []
         self._rejected.clear()
+        self._outputs = 0
         # Phase 1: transmission. Any failure (but a fatal one) only means: do not commit.
         try:
             self.producer.begin_transaction()
@@ -489,11 +560,13 @@ class ExactlyOnceProcessor:
             except Exception as exc:  # an output process() got wrong (type, shape): its
                 self._count(record, exc)  # record's failure, as if process() had raised
                 raise _TransactionFailedError(exc, record) from exc
-            self.stats.outputs += 1
+            self._outputs += 1
+            self.stats.attempted_outputs += 1
 
     def _committed(self, chunk: list[Message], recovered: list[tuple[str, int, int]]) -> None:
         self.stats.transactions += 1
         self.stats.records += len(chunk)
+        self.stats.outputs += self._outputs
         self.stats.recovered += len(recovered)
         self._batch_failures = 0
         for record in chunk:

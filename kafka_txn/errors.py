@@ -11,9 +11,12 @@ for confluent-kafka's own exceptions::
           │                             transactional.id, or a timeout abort
           ├── TransactionAbortableError abort the transaction; the producer stays usable
           │    └── CommitFailedException commit_transaction() failed without a fatal cause
-          ├── ProduceFailedException    one record failed; .failure_type says how
+          ├── ProduceFailedException    one record failed; .failure_type says how (also
+          │                             a TypeError for a key or value of the wrong type)
           ├── TransactionOutcomeUnknownError
           │                             commit/abort ran out of time; the outcome is unknown
+          ├── BrokerUnreachableError    no bootstrap server could be reached: nothing was
+          │                             sent; the same call may be made again
           ├── TransactionInDoubtError   the commit of a PREPARED transaction did not
           │                             complete: never aborted, recovery settles it
           ├── TransactionDivergedError  recovery: Kafka provably lost what the database
@@ -24,6 +27,8 @@ for confluent-kafka's own exceptions::
           ├── UnsupportedBrokerError    the broker lacks an API two-phase commit needs
           ├── DatabaseCommitUnknownError
           │                             dual write: the database COMMIT's outcome is unknown
+          ├── DatabaseUnavailableError  dual write, Spark sink: the database cannot be
+          │                             reached or refuses the login; names the fix
           ├── SinkOwnershipError        Spark sink: another query owns the transactional-id
           │                             prefix (or a fresh checkpoint reuses it)
           ├── ReplayMismatchError       Spark sink: a replayed batch's partitioning differs
@@ -60,9 +65,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 __all__ = [
+    "BrokerUnreachableError",
     "CommitFailedException",
     "ConfigurationError",
     "DatabaseCommitUnknownError",
+    "DatabaseUnavailableError",
     "ErrorCategory",
     "FailureType",
     "FatalError",
@@ -272,6 +279,14 @@ class ProduceFailedException(KafkaTxnError):
         }
 
 
+class _RecordTypeError(ProduceFailedException, TypeError):
+    """The ``ProduceFailedException`` that ``produce()``/``send()`` raise for a key or value
+    of a type that cannot be sent (not ``bytes``/``str``/``None`` without a serializer):
+    ``MESSAGE_REJECTED`` like every record refused before it was queued, so that a handler
+    of ``ProduceFailedException`` meets it, and a ``TypeError``, as Python's convention for
+    an argument of the wrong type asks."""
+
+
 class TransactionOutcomeUnknownError(KafkaTxnError):
     """Raised when ``commit_transaction()`` or ``abort_transaction()`` kept failing with
     retriable errors until its deadline. The broker may already have written the decision,
@@ -289,6 +304,38 @@ class TransactionOutcomeUnknownError(KafkaTxnError):
 
     def _kwargs(self) -> dict[str, Any]:
         return {**super()._kwargs(), "operation": self.operation}
+
+
+class BrokerUnreachableError(KafkaTxnError):
+    """Raised by ``init_transactions()`` (and the calls that run it: ``DualWriter.start()``,
+    the Spark sink, ``ExactlyOnceProcessor``) when no bootstrap server could be reached at
+    all: every connection refused, a host that does not resolve, every broker down, and
+    librdkafka never connected. Nothing was sent, so no coordinator acted on this call:
+    unlike ``TransactionOutcomeUnknownError`` there is no outcome to learn. The message
+    names each address and its cause; ``servers`` is ``bootstrap.servers`` and ``causes``
+    one ``"address: cause"`` line per server. Start the broker or fix
+    ``bootstrap.servers``, then make the same call again."""
+
+    category = ErrorCategory.RETRIABLE
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kafka_error: KafkaError | None = None,
+        servers: str = "",
+        causes: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, kafka_error=kafka_error)
+        self.servers = servers
+        self.causes = tuple(causes)
+
+    @staticmethod
+    def _default_root(message: str) -> KafkaError:
+        return KafkaError(KafkaError._ALL_BROKERS_DOWN, message)
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {**super()._kwargs(), "servers": self.servers, "causes": self.causes}
 
 
 class TransactionInDoubtError(KafkaTxnError):
@@ -424,6 +471,25 @@ class DatabaseCommitUnknownError(KafkaTxnError):
     outcome unknown (the connection dropped during it). Kafka is not aborted: the
     transaction stays prepared and the writer stops. Restart it: its ``start()`` reads the
     database and commits or aborts Kafka to match."""
+
+
+class DatabaseUnavailableError(KafkaTxnError):
+    """Raised by ``DualWriter`` (``start()``, ``transaction()``) and the Spark sink when
+    the database cannot be opened: the server refuses the connection or does not
+    resolve, the password or user is wrong, the database does not exist, a SQLite file
+    cannot be opened, or the driver is not installed. Nothing was written. The message
+    names the fix; ``url`` is the database's URL with its password redacted, and the
+    driver's exception is the ``__cause__``. Errors during a transaction are not this:
+    they keep their own classes (``DatabaseCommitUnknownError``...)."""
+
+    def __init__(
+        self, message: str, *, kafka_error: KafkaError | None = None, url: str = ""
+    ) -> None:
+        super().__init__(message, kafka_error=kafka_error)
+        self.url = url
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {**super()._kwargs(), "url": self.url}
 
 
 class SinkOwnershipError(KafkaTxnError):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -80,12 +79,11 @@ def require_drivers(jdbc_url: str) -> None:
 
 
 def describe_database(url: URL) -> str:
-    """Where the database is, for messages; never the password."""
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        return f"SQLite file {_sqlite_path(url) or ':memory:'}"
-    name = "PostgreSQL" if backend == "postgresql" else "MySQL/MariaDB"
-    return f"{name} at {url.host}:{url.port}, database {url.database!r}"
+    """Where the database is, for messages; never the password
+    (``kafka_txn.dualwrite.unavailable.describe_database``)."""
+    from kafka_txn.dualwrite.unavailable import describe_database as describe  # noqa: PLC0415
+
+    return describe(url)
 
 
 def _sqlite_path(url: URL) -> str | None:
@@ -246,70 +244,11 @@ def _select_row(
     return StoredRow(str(found[STATE_COLUMN]), found.get("owner"), updated, age)
 
 
-def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
 def explain(exc: BaseException, url: URL) -> str:
-    """One line naming what the database refused and the fix. Drivers are told apart by
-    their error numbers where they have them (MySQL/MariaDB: 1045, 1049, 2003...) and by
-    libpq's message text otherwise (psycopg's connection errors carry no SQLSTATE)."""
-    orig = getattr(exc, "orig", None) or exc
-    text = _one_line(str(orig))
-    where = describe_database(url)
-    user = url.username or "(none)"
-    backend = url.get_backend_name()
-    if backend == "postgresql":
-        reason = text.rsplit("FATAL:", 1)[-1].strip() if "FATAL:" in text else text
-        checks = (
-            (r"Connection refused", f"nothing accepts connections at {url.host}:{url.port}: "
-             "check the host and port in --jdbc-url and that PostgreSQL runs"),
-            (r"timeout expired|timed out", f"no answer from {url.host}:{url.port} in time: "
-             "check the host and port in --jdbc-url, and firewalls"),
-            (r'database "[^"]*" does not exist', f"there is no database {url.database!r}: "
-             "check the database name in --jdbc-url"),
-            (r'role "[^"]*" does not exist', f"there is no role {user!r}: check --user "
-             "(or user= in --jdbc-url)"),
-            (r"password authentication failed", f"the password of {user!r} is wrong: check "
-             "the password given by --password-env, --password-prompt or "
-             "KAFKA_TXN_DB_PASSWORD"),
-            (r"no password supplied", f"{user!r} needs a password: give it with "
-             "--password-env NAME, --password-prompt or KAFKA_TXN_DB_PASSWORD"),
-            (r"no pg_hba\.conf entry", f"the server does not let {user!r} connect from "
-             "here (pg_hba.conf): ask its administrator"),
-            (r"could not translate host name", f"the host {url.host!r} does not resolve: "
-             "check --jdbc-url"),
-        )  # fmt: skip
-        for pattern, fix in checks:
-            if re.search(pattern, reason):
-                return f"cannot use {where}: {fix} ({reason})"
-        return f"{where}: {reason}"
-    if backend == "mysql":
-        args: tuple[Any, ...] = getattr(orig, "args", ())
-        code = args[0] if args and isinstance(args[0], int) else None
-        reason = str(args[1]) if len(args) > 1 else text
-        fixes = {
-            2003: f"cannot connect to {url.host}:{url.port}: check the host and port in "
-            "--jdbc-url and that the server runs",
-            2005: f"the host {url.host!r} does not resolve: check --jdbc-url",
-            2013: f"no answer from {url.host}:{url.port} in time: check the host and port "
-            "in --jdbc-url, that it is a MySQL/MariaDB server, and firewalls",
-            1045: f"access denied for user {user!r}: wrong password or no such user; check "
-            "--user and the password (--password-env, --password-prompt, KAFKA_TXN_DB_PASSWORD)",
-            1698: f"access denied for user {user!r}: no such user, or it may not log in "
-            "with a password from here; check --user",
-            1049: f"there is no database {url.database!r}: check the database name in --jdbc-url",
-            1044: f"user {user!r} may not use database {url.database!r}: check --user, or "
-            "grant it SELECT and UPDATE on the state table",
-        }
-        if code in fixes:
-            return f"cannot use {where}: {fixes[code]} ({_one_line(reason)})"
-        return f"{where}: {text}"
-    if "unable to open database file" in text:
-        return (
-            f"cannot open the {where}: check its path and permissions in --jdbc-url "
-            f"(recover never creates it) ({text})"
-        )
-    if "file is not a database" in text:
-        return f"the {where} is not a SQLite database: check the path in --jdbc-url ({text})"
-    return f"{where}: {text}"
+    """One line naming what the database refused and the fix, in the command's options:
+    the translation ``DualWriter`` and the Spark sink use too
+    (``kafka_txn.dualwrite.unavailable``)."""
+    from kafka_txn.dualwrite.unavailable import CLI_TERMS  # noqa: PLC0415 - needs SQLAlchemy
+    from kafka_txn.dualwrite.unavailable import explain as translate  # noqa: PLC0415
+
+    return translate(exc, url, CLI_TERMS)

@@ -19,14 +19,17 @@ from confluent_kafka import KafkaError
 from sqlalchemy.engine import Engine
 
 from kafka_txn.dualwrite.state_row import _OWNER_LENGTH, _Row, _StateRow
+from kafka_txn.dualwrite.unavailable import DUAL_WRITER_TERMS, raise_if_unavailable
 from kafka_txn.errors import (
-    ConfigurationError,
+    BrokerUnreachableError,
     InvalidPreparedStateError,
     KafkaTxnError,
     ProducerFencedError,
     TransactionDivergedError,
     TransactionOutcomeUnknowableError,
+    root_exception,
 )
+from kafka_txn.producer.reachability import restated
 from kafka_txn.producer.transactional import TransactionalProducer
 from kafka_txn.state import PreparedTxnState
 from kafka_txn.twophase.recovery import TransactionOutcome
@@ -53,6 +56,7 @@ class _Startup:
     _create: bool
     _started: bool
     _fenced: TransactionOutcome | None
+    _start_outcome: TransactionOutcome | None
     _broken: KafkaTxnError | None
     _unresolved: str | None
     _resolved: str | None
@@ -61,9 +65,14 @@ class _Startup:
     def _start(self) -> TransactionOutcome:
         self._raise_if_broken()
         if self._started:
-            raise ConfigurationError("start() was already called")
+            # Started already: by an earlier start(), ``with DualWriter(...)`` or the first
+            # transaction(). Recovery and the fence ran once; they are not run again.
+            assert self._start_outcome is not None
+            return self._start_outcome
         if self._fenced is not None:
             return self._finish_start(self._fenced)
+        # A database that cannot be opened is named with its fix before anything else.
+        raise_if_unavailable(self.engine, "DualWriter.start()", DUAL_WRITER_TERMS)
         self._row.ensure(self._create)
         self.producer.init_transactions(keep_prepared_txn=True)  # repeatable until settled
         with self.engine.connect() as conn:
@@ -111,6 +120,13 @@ class _Startup:
             except (TransactionDivergedError, TransactionOutcomeUnknowableError):
                 self._unresolved = str(stored)  # what resolve() may then be given
                 raise
+            except BrokerUnreachableError as exc:
+                # The producer's advice names complete_transaction(); the caller's call
+                # is start().
+                raise restated(
+                    exc, f"DualWriter.start() for {self.transactional_id!r}",
+                    "then call start() again (transaction() also starts the writer)",
+                ) from root_exception(exc)  # fmt: skip
             # Recovered, settled and fenced: what is left (this COMMIT) only releases the
             # lock. If it fails (the session ended while init ran), start() again only
             # checks the ownership (_finish_start).
@@ -142,6 +158,7 @@ class _Startup:
             extra={"transactional_id": self.transactional_id, "outcome": outcome.value},
         )  # fmt: skip
         self._started = True
+        self._start_outcome = outcome
         self._fenced = None
         return outcome
 

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
@@ -61,10 +61,15 @@ from kafka_txn.errors import (
     root_exception,
 )
 from kafka_txn.metrics import MetricsHook
+from kafka_txn.producer import arguments
 from kafka_txn.producer.delivery import _add_note
 from kafka_txn.producer.transactional import Serializer, TransactionalProducer
 from kafka_txn.state import PreparedTxnState
+from kafka_txn.tracing import Tracing, as_tracing
 from kafka_txn.twophase.recovery import TransactionOutcome
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["STEPS", "DualWriteTransaction", "DualWriter"]
 
@@ -107,7 +112,8 @@ class DualWriter(_Startup, _FailurePaths):
     ``database`` is a JDBC URL (``jdbc:postgresql://...``, ``jdbc:mysql://...``,
     ``jdbc:mariadb://...``, ``jdbc:sqlite:path``), a SQLAlchemy URL, or an Engine.
     ``producer_config`` and the producer's keyword arguments (``key_serializer`` to
-    ``sleep``) as for ``TransactionalProducer``; two-phase commit is turned on.
+    ``sleep``, ``tracing`` included) as for ``TransactionalProducer``; two-phase commit
+    is turned on.
     ``on_step(step)`` is called after each step of ``STEPS``.
 
     ``lock_timeout`` (seconds, default 30; None: the database's own setting) bounds every
@@ -141,6 +147,7 @@ class DualWriter(_Startup, _FailurePaths):
         queue_full_timeout: float = 60.0,
         prepare_min_time_left: float | None = None,
         metrics: MetricsHook | None = None,
+        tracing: Tracing | TracerProvider | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         conf = (
@@ -149,6 +156,9 @@ class DualWriter(_Startup, _FailurePaths):
             else dict(producer_config)
         )
         conf[TWO_PHASE_COMMIT_KEY] = True
+        arguments.flag(create_state_table, "DualWriter", "create_state_table")
+        arguments.callback(on_step, "DualWriter", "on_step")
+        tracing = as_tracing(tracing, "DualWriter")
         lock_timeout = validate_seconds(lock_timeout, "lock_timeout")
         delay = validate_seconds(mark_completed_after, "mark_completed_after")
         self.engine = engine_for(database, user, password)
@@ -173,6 +183,7 @@ class DualWriter(_Startup, _FailurePaths):
             queue_full_timeout=queue_full_timeout,
             prepare_min_time_left=prepare_min_time_left,
             metrics=metrics,
+            tracing=tracing,
             sleep=sleep,
         )
         self.transactional_id = self.producer.transactional_id
@@ -192,6 +203,7 @@ class DualWriter(_Startup, _FailurePaths):
             self.transactional_id,
         )
         self._started = False
+        self._start_outcome: TransactionOutcome | None = None
         self._fenced: TransactionOutcome | None = None
         """start() initialised transactions, then failed releasing the lock."""
         self._broken: KafkaTxnError | None = None
@@ -232,10 +244,14 @@ class DualWriter(_Startup, _FailurePaths):
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> TransactionOutcome:
         """Recover what a predecessor left, take ownership of the transactional id, then
-        initialise transactions (fencing the predecessor in Kafka).
+        initialise transactions (fencing the predecessor in Kafka); returns what recovery
+        did with the predecessor's last transaction.
 
-        May be called again after it raised (``TransactionOutcomeUnknownError``: the
-        coordinator did not answer; a lock timeout): it then starts over."""
+        ``with DualWriter(...)`` and the first ``transaction()`` call it when it has not
+        run. Once the writer has started, it returns that start's outcome and does
+        nothing more. May be called again after it raised
+        (``TransactionOutcomeUnknownError``: the coordinator did not answer; a lock
+        timeout): it then starts over."""
         with self._exclusive("start()"):
             return self._start()
 
@@ -277,6 +293,7 @@ class DualWriter(_Startup, _FailurePaths):
         reports it again (nothing is lost). Refused with ``InvalidPreparedStateError``
         if the state row holds another state (a newer writer moved on). Calling it again
         is harmless."""
+        arguments.prepared_state(stored_state, "resolve", "stored_state")
         state = (
             stored_state
             if isinstance(stored_state, PreparedTxnState)

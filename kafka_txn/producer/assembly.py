@@ -7,6 +7,7 @@ Producer built over them.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -15,13 +16,14 @@ from confluent_kafka import Producer
 from kafka_txn.config import ValidatedConfig
 from kafka_txn.errors import ConfigurationError
 from kafka_txn.metrics import MetricsHook
+from kafka_txn.producer import arguments
 from kafka_txn.producer.closing import Closing
 from kafka_txn.producer.completion import Completion
 from kafka_txn.producer.delivery import Deliveries
 from kafka_txn.producer.handle import build_producer
 from kafka_txn.producer.librdkafka import Driver
 from kafka_txn.producer.lifecycle import Lifecycle
-from kafka_txn.producer.sending import Sends, Serializer
+from kafka_txn.producer.sending import DEFAULT_MESSAGE_MAX_BYTES, Sends, Serializer
 from kafka_txn.twophase.prepare import TwoPhase
 
 __all__ = ["Parts", "assemble", "resolve_operation_timeout"]
@@ -32,12 +34,26 @@ _LIBRDKAFKA_LOG = logging.getLogger("kafka_txn.librdkafka")
 def resolve_operation_timeout(operation_timeout: float | None, validated: ValidatedConfig) -> float:
     """``operation_timeout`` as given, by default ``transaction.timeout.ms``; must be > 0."""
     transaction_timeout_s = validated.transaction_timeout_ms / 1000.0
+    if operation_timeout is not None and (
+        isinstance(operation_timeout, bool) or not isinstance(operation_timeout, (int, float))
+    ):
+        arguments.timeout(operation_timeout, "TransactionalProducer", "operation_timeout")
     resolved = operation_timeout if operation_timeout is not None else transaction_timeout_s
-    if resolved <= 0:
+    if not (0 < resolved < math.inf):
         raise ConfigurationError(
-            f"operation_timeout={operation_timeout!r} must be a positive number of seconds"
+            f"operation_timeout={operation_timeout!r} must be a positive, finite number of "
+            "seconds or None (transaction.timeout.ms)"
         )
     return resolved
+
+
+def _message_max_bytes(validated: ValidatedConfig) -> int:
+    """The producer's ``message.max.bytes`` (librdkafka's default if unset), for the
+    message of a record librdkafka refuses as larger."""
+    try:
+        return int(validated.librdkafka.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
+    except (TypeError, ValueError):  # librdkafka refuses the value when the producer is built
+        return DEFAULT_MESSAGE_MAX_BYTES
 
 
 class Parts(NamedTuple):
@@ -81,6 +97,7 @@ def assemble(
         operation_timeout=operation_timeout,
         sleep=sleep,
         user_error_cb=validated.callbacks.get("error_cb"),
+        bootstrap_servers=str(validated.librdkafka.get("bootstrap.servers", "")),
     )
     sends = Sends(
         deliveries=deliveries,
@@ -88,6 +105,7 @@ def assemble(
         queue_full_timeout=queue_full_timeout,
         key_serializer=key_serializer,
         value_serializer=value_serializer,
+        max_message_bytes=_message_max_bytes(validated),
     )
     conf = dict(validated.librdkafka)
     conf["on_delivery"] = deliveries.sink

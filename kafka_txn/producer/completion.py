@@ -27,7 +27,7 @@ from kafka_txn.errors import (
 )
 from kafka_txn.metrics import MetricsHook, timed
 from kafka_txn.producer.delivery import Deliveries
-from kafka_txn.producer.librdkafka import _RETRY_FLOOR_S, Driver
+from kafka_txn.producer.librdkafka import _RETRY_FLOOR_S, Driver, resumed
 from kafka_txn.producer.lifecycle import ALLOWED, Lifecycle, State
 from kafka_txn.producer.sending import Sends
 from kafka_txn.state import PreparedTxnState
@@ -42,28 +42,6 @@ log = logging.getLogger("kafka_txn.producer")
 _UNDO_ATTEMPTS = 5
 """Times an interrupted begin_transaction() tries to abort librdkafka's empty transaction
 while further interruptions keep arriving."""
-
-
-def _done_unless_ready(call: Callable[[float], object]) -> Callable[[float], object]:
-    """``call`` (librdkafka's init, commit or abort, resumed), where librdkafka refusing
-    it in state Ready means it already completed it: a signal's exception came after
-    librdkafka's call returned and before the lifecycle moved on (or an init that timed
-    out went on inside librdkafka). librdkafka reaches Ready from an init, commit or
-    abort in progress only by completing it (a failure leaves it AbortableError or
-    fatal), so calling again would be refused (_STATE) and read as a failure: a healthy
-    producer made fatal, or advice to abort and retry that would duplicate a committed
-    transaction."""
-
-    def resumed(timeout: float) -> object:
-        try:
-            return call(timeout)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.code() == KafkaError._STATE and err.str().endswith("in state Ready"):
-                return None  # completed before: nothing more to do
-            raise
-
-    return resumed
 
 
 _END_TXN_FAILED = "EndTxn commit failed: "
@@ -217,15 +195,28 @@ class Completion:
                 )
             )
 
-    def init(self, timeout: float | None) -> None:
+    def init(self, timeout: float | None, call: str | None = None) -> None:
         """librdkafka's init_transactions(); a callback's exception stays stashed for the
-        public call to raise once done (``raise_callback_error``)."""
+        public call to raise once done (``raise_callback_error``). ``call``: the public
+        call that runs it, named in a ``BrokerUnreachableError`` (by default
+        init_transactions, or complete_transaction in recovery). Run in slices
+        (``Driver.sliced``): librdkafka's log lines and error_cb's reports are served
+        while it waits, and a broker that cannot be reached at all ends it early."""
+        if call is None:
+            recovering = self._life.state is State.RECOVERING
+            call = "complete_transaction" if recovering else "init_transactions"
+        again = (
+            "then call complete_transaction() again with the same state"
+            if call == "complete_transaction"
+            else f"then call {call}() again"
+        )
         init: Callable[[float], object] = self._io.producer.init_transactions
         if self.init_started:  # resumed
-            init = _done_unless_ready(init)
+            init = resumed(init)
         self.init_started = True
         self._io.retrying(
-            "init_transactions", init, timeout, defer_callback_errors=True,
+            "init_transactions", self._io.sliced(init, call, again), timeout,
+            defer_callback_errors=True,
         )  # fmt: skip
         if not self._life.finish(State.READY):
             return  # initialised, and closed meanwhile: nothing more to set up
@@ -252,7 +243,7 @@ class Completion:
             commit: Callable[[float], object] = self._io.producer.commit_transaction
             first_floor = 0.001
             if state is State.COMMITTING:  # resumed after its outcome was unknown
-                commit = _done_unless_ready(commit)
+                commit = resumed(commit)
                 # librdkafka takes a resumed commit up again; given too short a time, its
                 # EndTxn reply may arrive after it gave the call up, and it aborts the
                 # process (see producer.librdkafka._RETRY_FLOOR_S): never less than a
@@ -317,7 +308,7 @@ class Completion:
             self._life.require("abort_transaction")
             abort: Callable[[float], object] = self._io.producer.abort_transaction
             if state is State.ABORTING:  # resumed
-                abort = _done_unless_ready(abort)
+                abort = resumed(abort)
             self._life.transition_to(State.ABORTING)
             # A send under way would otherwise reach librdkafka after the abort, outside
             # any transaction or inside the next one.
@@ -403,7 +394,8 @@ class Completion:
         leaves that choice to the caller), or abort it; then initialise."""
         assert self._twophase is not None
         self._twophase.recovery.settle_kept(commit)
-        self.init(timeout)  # aborts whatever is still open
+        # aborts whatever is still open
+        self.init(timeout, "commit_transaction" if commit else "abort_transaction")
 
     def await_sends_to_prepare(self, deadline: float) -> None:
         if not self._sends.await_sends(deadline):

@@ -33,8 +33,9 @@ from kafka_txn.errors import (
 from kafka_txn.producer.delivery import Deliveries
 from kafka_txn.producer.handle import Handle
 from kafka_txn.producer.lifecycle import Lifecycle, State
+from kafka_txn.producer.reachability import SLICE_S, Reachability
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "resumed"]
 
 log = logging.getLogger("kafka_txn.producer")
 
@@ -82,6 +83,28 @@ def _failure(call: Callable[..., object], *args: Any) -> KafkaException | None:
     return None
 
 
+def resumed(call: Callable[[float], object]) -> Callable[[float], object]:
+    """``call`` (librdkafka's init, commit or abort, resumed), where librdkafka refusing
+    it in state Ready means it already completed it: a signal's exception came after
+    librdkafka's call returned and before the lifecycle moved on (or an init that timed
+    out went on inside librdkafka). librdkafka reaches Ready from an init, commit or
+    abort in progress only by completing it (a failure leaves it AbortableError or
+    fatal), so calling again would be refused (_STATE) and read as a failure: a healthy
+    producer made fatal, or advice to abort and retry that would duplicate a committed
+    transaction."""
+
+    def again(timeout: float) -> object:
+        try:
+            return call(timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError._STATE and err.str().endswith("in state Ready"):
+                return None  # completed before: nothing more to do
+            raise
+
+    return again
+
+
 class Driver:
     """Calls into one confluent-kafka ``Producer`` on behalf of a TransactionalProducer."""
 
@@ -100,8 +123,11 @@ class Driver:
         operation_timeout: float,
         sleep: Callable[[float], None],
         user_error_cb: Callable[..., None] | None,
+        bootstrap_servers: str = "",
     ) -> None:
         self.transactional_id = transactional_id
+        self.reachability = Reachability(bootstrap_servers)
+        """librdkafka's connection reports (error_cb), for ``sliced``."""
         self.life = life
         self.deliveries = deliveries
         self._operation_timeout = operation_timeout
@@ -338,6 +364,43 @@ class Driver:
             return None
         return failure
 
+    def sliced(
+        self, call: Callable[[float], object], operation: str, again: str
+    ) -> Callable[[float], object]:
+        """``call`` (a resumable blocking librdkafka call: init_transactions) run in
+        slices of at most ``SLICE_S``, the queued callbacks served between them, so that
+        librdkafka's log lines and error_cb's reports arrive while it waits rather than
+        when it returns, and a broker that cannot be reached at all ends it early with
+        ``BrokerUnreachableError`` (``producer.reachability``; ``again`` says how to
+        retry). librdkafka answers a call that ran out of time ``_TIMED_OUT``, "retry
+        call to resume", and the next call resumes it; one it completed meanwhile is
+        refused in state Ready, which ``resumed`` takes as done."""
+
+        def run(timeout: float) -> object:
+            started = time.monotonic()
+            deadline = started + timeout
+            step = call
+            while True:
+                left = deadline - time.monotonic()
+                failure = _failure(step, max(0.001, min(SLICE_S, left)))
+                if failure is None:
+                    return None
+                err = failure.args[0]
+                if err.code() != KafkaError._TIMED_OUT:
+                    raise failure
+                self.serve_error_callbacks()
+                final = time.monotonic() >= deadline
+                unreachable = self.reachability.unreachable(
+                    f"{operation}()", started, final=final, again=again
+                )
+                if unreachable is not None:
+                    raise unreachable from KafkaException(unreachable.kafka_error)
+                if final:
+                    raise failure
+                step = resumed(call)
+
+        return run
+
     def serve_error_callbacks(self, timeout: float = 0) -> None:
         """Serve the callbacks librdkafka queued (error_cb's reports among them), waiting
         up to ``timeout`` seconds for the first; nothing they raise escapes."""
@@ -411,6 +474,7 @@ class Driver:
 
     def on_error(self, err: KafkaError) -> None:
         # confluent-kafka hands error_cb the underlying error of a _FATAL, flagged fatal().
+        self.reachability.observe(err)
         if err.code() in AUTHENTICATION_CODES:
             self.refused_login = err
         if err.fatal() and self.life.fatal is None:

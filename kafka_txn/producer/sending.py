@@ -26,7 +26,9 @@ from kafka_txn.errors import (
     IllegalStateError,
     KafkaTxnError,
     ProduceFailedException,
+    _RecordTypeError,
 )
+from kafka_txn.producer.arguments import topic_problem
 from kafka_txn.producer.delivery import Deliveries
 from kafka_txn.producer.librdkafka import Driver
 
@@ -44,6 +46,13 @@ list's storage when it falls below half its capacity, so an empty list would fre
 reallocate its storage on every append/pop pair (~40 ns); eight entries keep one
 capacity for up to eight sends under way at once."""
 
+_MAX_KNOWN_TOPICS = 10_000
+"""Valid topic names ``Sends.topics`` remembers; a producer sending to more names than
+this checks the others on every send (a regular expression, ~0.3 µs)."""
+
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+"""librdkafka's default ``message.max.bytes``."""
+
 
 class Sends:
     """The sends of one TransactionalProducer: what its ``produce()``/``send()`` hand on
@@ -57,8 +66,13 @@ class Sends:
         queue_full_timeout: float,
         key_serializer: Serializer | None,
         value_serializer: Serializer | None,
+        max_message_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
     ) -> None:
         self._deliveries = deliveries
+        self._max_message_bytes = max_message_bytes
+        self.topics: set[str] = set()
+        """Topic names already found valid (``check_topic``): produce()/send() test a
+        name against this set, and call ``check_topic`` only for one not in it."""
         self._io = io
         self._queue_full_timeout = queue_full_timeout
         self._key_serializer = key_serializer
@@ -91,6 +105,35 @@ class Sends:
             raise failure from exc
         return key, value
 
+    def check_topic(self, topic: Any, partition: Any, key: Any) -> None:
+        """A topic name produce()/send() meets for the first time: a valid one is
+        remembered; an invalid one (Kafka's rule, ``arguments.topic_problem``) is
+        refused here, before librdkafka queues the record, as a failed record
+        (TOPIC_EXCEPTION, MESSAGE_REJECTED) that makes the transaction uncommittable;
+        librdkafka would queue it and fail only when its metadata request is refused,
+        at commit. A topic that is no str is left to confluent-kafka, which refuses its
+        type (``refused``)."""
+        if not isinstance(topic, str):
+            return
+        problem = topic_problem(topic)
+        if problem is None:
+            if len(self.topics) < _MAX_KNOWN_TOPICS:
+                self.topics.add(topic)
+            return
+        err = KafkaError(
+            KafkaError.TOPIC_EXCEPTION,
+            f"refused by the client before it was sent: {topic[:60]!r} is not a valid "
+            f"topic name ({problem})",
+        )
+        failure = produce_failure(
+            err,
+            topic,
+            partition if isinstance(partition, int) else None,
+            key if isinstance(key, (bytes, str)) else None,
+        )
+        self._deliveries.record_failure(failure)
+        raise failure
+
     def produce_failed(
         self,
         exc: Exception,
@@ -105,7 +148,10 @@ class Sends:
         """The slow path of produce()/send(): a record librdkafka refused, arguments of
         the wrong type, or a full queue, where it serves delivery reports until there is
         room, like Java's send() blocking up to max.block.ms. A send that close() overtook
-        (another thread's, after its state check) is refused as after close()."""
+        (another thread's, after its state check) is refused as after close(). A record
+        ``check_topic`` refused is recorded already: its failure is raised as it is."""
+        if isinstance(exc, ProduceFailedException):
+            raise exc
         deadline = time.monotonic() + self._queue_full_timeout
         while isinstance(exc, BufferError):
             if time.monotonic() >= deadline:
@@ -125,16 +171,18 @@ class Sends:
         if isinstance(exc, IllegalStateError):  # the handle was let go of: Handle.detach
             raise exc
         if isinstance(exc, KafkaException):
-            raise self.sync_failure(exc, topic, partition, key) from exc
+            raise self.sync_failure(exc, topic, partition, key, value) from exc
         failure = self.refused(exc, topic, value, key, partition)
         if isinstance(exc, TypeError):
-            raise self.type_error(exc, key, value) from None
+            raise self.type_error(exc, key, value, failure) from None
         raise failure from exc
 
     def sync_failure(
-        self, exc: KafkaException, topic: str, partition: int, key: Any
+        self, exc: KafkaException, topic: str, partition: int, key: Any, value: Any = None
     ) -> KafkaTxnError:
         err = exc.args[0]
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            err = KafkaError(err.code(), self._too_large(key, value))
         if classify(err)[0] is ErrorCategory.FATAL or err.code() == KafkaError._FATAL:
             return self._io.on_call_error(exc, "produce")
         if err.code() == KafkaError._STATE:
@@ -149,6 +197,22 @@ class Sends:
         self._deliveries.record_failure(failure)
         return failure
 
+    def _too_large(self, key: Any, value: Any) -> str:
+        """librdkafka's produce() refuses a record whose key, value and headers exceed
+        ``message.max.bytes`` (rd_kafka_msg_new0) with MSG_SIZE_TOO_LARGE, which
+        confluent-kafka words "Broker: Message size too large": the broker never saw it."""
+        size = sum(
+            len(part.encode() if isinstance(part, str) else part)
+            for part in (key, value)
+            if isinstance(part, (bytes, str))
+        )
+        return (
+            f"refused by the client before it was sent: the record's key and value are "
+            f"{size} bytes, more than the producer's message.max.bytes "
+            f"({self._max_message_bytes}); send smaller records, or raise message.max.bytes "
+            "in the producer config (the topic's max.message.bytes must allow them too)"
+        )
+
     def refused(
         self, exc: Exception, topic: Any, value: Any, key: Any, partition: Any
     ) -> ProduceFailedException:
@@ -158,7 +222,7 @@ class Sends:
         wrong type (TypeError)... librdkafka never saw the record and would commit
         without it: it is recorded as a failed record (MESSAGE_REJECTED), so that
         commit_transaction() refuses (KIP-691), and returned for produce() to raise
-        (from ``exc``); a TypeError is raised as such instead (``type_error``)."""
+        (from ``exc``); for a TypeError, one that is also a TypeError (``type_error``)."""
         code, what = KafkaError._INVALID_ARG, "produce() arguments rejected by confluent-kafka"
         if isinstance(exc, UnicodeEncodeError):
             if _unencodable(topic):
@@ -177,15 +241,30 @@ class Sends:
         self._deliveries.record_failure(failure)
         return failure
 
-    def type_error(self, exc: TypeError, key: Any, value: Any) -> TypeError:
+    def type_error(
+        self, exc: TypeError, key: Any, value: Any, failure: ProduceFailedException
+    ) -> ProduceFailedException:
+        """The ``ProduceFailedException`` (also a ``TypeError``) produce() raises for an
+        argument of the wrong type: ``failure``'s record, with a message naming the
+        argument and the fix."""
+        message = f"produce() arguments rejected by confluent-kafka: {exc}"
         pairs = (("value", value, "value_serializer"), ("key", key, "key_serializer"))
         for name, obj, option in pairs:
             if obj is not None and not isinstance(obj, (bytes, str)):
-                return TypeError(
+                message = (
                     f"{name} must be bytes, str or None, got {type(obj).__name__}: encode it "
                     f"first or pass {option}=... to TransactionalProducer"
                 )
-        return TypeError(f"produce() arguments rejected by confluent-kafka: {exc}")
+                break
+        return _RecordTypeError(
+            message,
+            kafka_error=failure.kafka_error,
+            failure_type=failure.failure_type,
+            category=failure.category or ErrorCategory.ABORTABLE,
+            topic=failure.topic,
+            partition=failure.partition,
+            key=failure.key,
+        )
 
     def interrupted(self, exc: BaseException, topic: str, partition: int, key: Any) -> None:
         """A signal's exception (KeyboardInterrupt...) came out of produce()/send(): it may

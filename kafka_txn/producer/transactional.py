@@ -13,29 +13,38 @@ frame over confluent-kafka's produce().
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import TopicPartition
 
 from kafka_txn.config import ProducerSettings, validate_config
 from kafka_txn.errors import CommitFailedException, IllegalStateError
 from kafka_txn.metrics import MetricsHook, timed
+from kafka_txn.producer import arguments
 from kafka_txn.producer.assembly import assemble, resolve_operation_timeout
 from kafka_txn.producer.delivery import DeliveryCallback
 from kafka_txn.producer.futures import _PENDING, DeliveryFuture
 from kafka_txn.producer.lifecycle import State
 from kafka_txn.producer.sending import Serializer
+from kafka_txn.producer.watch import TransactionWatch
 from kafka_txn.state import PreparedTxnState
+from kafka_txn.tracing import COMPLETE_SPAN, PREPARE_SPAN, Tracing, as_tracing
 from kafka_txn.twophase.prepare import TwoPhase
 from kafka_txn.twophase.recovery import TransactionOutcome
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["DeliveryCallback", "Serializer", "TransactionalProducer"]
 
 _IN_TXN = State.IN_TRANSACTION
+_UNWATCHED: AbstractContextManager[Any] = nullcontext({})
+_NO_LIMIT = float("inf")
 _OPEN_STATES = frozenset(
     {
         _IN_TXN,
@@ -64,7 +73,11 @@ class TransactionalProducer:
     ``init_transactions(keep_prepared_txn=True)``; ``prepare_min_time_left`` (default: a
     fifth of ``transaction.timeout.ms``, at least 1 s) is how much of the transaction
     timeout must remain for prepare to succeed. ``metrics`` receives every transactional
-    operation's duration and outcome and every failed record (``kafka_txn.metrics``).
+    operation's duration and outcome and every failed record (``kafka_txn.metrics``),
+    and, if it has ``transaction_ended``, each transaction's outcome and delivered
+    records. ``tracing`` (a ``kafka_txn.tracing.Tracing`` or an OpenTelemetry
+    ``TracerProvider``; default None: no tracing) records a span per transaction
+    (``kafka_txn.tracing``).
 
     ``produce``, ``send`` and ``poll`` may be called from several threads; the
     transactional calls are serialized by a lock.
@@ -80,12 +93,33 @@ class TransactionalProducer:
         queue_full_timeout: float = 60.0,
         prepare_min_time_left: float | None = None,
         metrics: MetricsHook | None = None,
+        tracing: Tracing | TracerProvider | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        call = "TransactionalProducer"
+        arguments.callback(key_serializer, call, "key_serializer")
+        arguments.callback(value_serializer, call, "value_serializer")
+        arguments.wait(queue_full_timeout, call, "queue_full_timeout")
+        arguments.timeout(prepare_min_time_left, call, "prepare_min_time_left")
+        arguments.hook(metrics, call, "metrics", ("operation", "record_failed"))
+        arguments.callback(sleep, call, "sleep", none=False)
         validated = validate_config(config)
         self.transactional_id = validated.transactional_id
         self._operation_timeout = resolve_operation_timeout(operation_timeout, validated)
         self._metrics = metrics
+        # Tracing, and a metrics hook that takes per-transaction counts, watch each
+        # transaction (producer.watch); without either, nothing does.
+        ended = getattr(metrics, "transaction_ended", None)
+        traced = as_tracing(tracing, call)
+        self._watch: TransactionWatch | None = None
+        if traced is not None or callable(ended):
+            self._watch = TransactionWatch(
+                self.transactional_id, tracing=traced, ended=ended if callable(ended) else None
+            )
+            counting = self._watch.counting(validated.callbacks.get("on_delivery"))
+            validated = dataclasses.replace(
+                validated, callbacks={**validated.callbacks, "on_delivery": counting}
+            )
         self._serializing = key_serializer is not None or value_serializer is not None
         self._lock = threading.RLock()
         parts = assemble(
@@ -102,6 +136,8 @@ class TransactionalProducer:
         self._life, self._deliveries, self._io = parts.life, parts.deliveries, parts.io
         self._sends, self._twophase = parts.sends, parts.twophase
         self._completion, self._closing = parts.completion, parts.closing
+        if self._watch is not None:
+            self._watch.attach(parts.life, parts.twophase)
         # The Producer behind its Handle, and its own produce() (the hot path): close()
         # lets go of both (Driver.release, _close), and nothing else holds it.
         self._producer = parts.io.producer
@@ -109,6 +145,8 @@ class TransactionalProducer:
         # produce()/send() append themselves to this list, and pop, for prepare/commit/abort
         # to wait until none is under way (Sends.await_sends).
         self._under_way = parts.sends.under_way
+        # Topic names found valid: one set lookup per send (Sends.check_topic).
+        self._topics = parts.sends.topics
 
     # ------------------------------------------------------------------ properties
     @property
@@ -134,6 +172,8 @@ class TransactionalProducer:
         until ``complete_transaction(stored_state)`` settles it; only then are
         transactions initialised (and zombies fenced). It may be called again while that
         settlement has not succeeded."""
+        timeout = arguments.timeout(timeout, "init_transactions")
+        arguments.flag(keep_prepared_txn, "init_transactions", "keep_prepared_txn")
         with self._lock:
             with timed(self._metrics, "init_transactions"):
                 if keep_prepared_txn:
@@ -159,6 +199,8 @@ class TransactionalProducer:
         with self._lock, timed(self._metrics, "begin_transaction"):
             self._life.require("begin_transaction")
             self._completion.begin()
+            if self._watch is not None:
+                self._watch.began()
 
     def produce(
         self,
@@ -172,7 +214,8 @@ class TransactionalProducer:
     ) -> None:
         """Send one record in the open transaction; ``on_delivery(error, message)`` is
         called from ``poll()``/``flush()``/commit with a ``ProduceFailedException`` or None.
-        Raises ``ProduceFailedException`` at once if the record cannot be queued, and
+        Raises ``ProduceFailedException`` at once if the record cannot be queued (an
+        invalid topic name, a record over ``message.max.bytes``...), and
         ``IllegalStateError`` outside a transaction or once ``prepare_transaction()``
         has started."""
         under_way = self._under_way
@@ -185,6 +228,8 @@ class TransactionalProducer:
                     key, value = self._sends.serialize(topic, key, value, headers)
                 cb = None if on_delivery is None else self._deliveries.chain(on_delivery)
                 try:
+                    if topic not in self._topics:  # refuses an invalid name, recorded
+                        self._sends.check_topic(topic, partition, key)
                     # Positional on purpose, and no more arguments than needed: confluent-kafka's
                     # argument parsing costs ~0.3 µs with keywords, and ~20 ns for a None key,
                     # ~40 ns for partition -1, each. Order: topic, value, key, partition,
@@ -237,6 +282,8 @@ class TransactionalProducer:
                 future._owner = self._deliveries
                 future._outcome = _PENDING
                 try:
+                    if topic not in self._topics:  # as in produce()
+                        self._sends.check_topic(topic, partition, key)
                     if timestamp == 0 and headers is None:
                         self._produce(topic, value, key, partition, future)
                     else:
@@ -265,9 +312,13 @@ class TransactionalProducer:
     ) -> None:
         """Commit the consumer's next offsets as part of this transaction: they become
         the group's committed offsets only if the transaction commits."""
+        call = "send_offsets_to_transaction"
+        checked = arguments.offsets(offsets, call)
+        arguments.group_metadata(group_metadata, call)
+        timeout = arguments.timeout(timeout, call)
         with self._lock:
-            self._life.require("send_offsets_to_transaction")
-            self._io.send_offsets(list(offsets), group_metadata, timeout)
+            self._life.require(call)
+            self._io.send_offsets(checked, group_metadata, timeout)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Commit the open transaction. Raises ``CommitFailedException`` for every
@@ -277,7 +328,8 @@ class TransactionalProducer:
         ``TransactionOutcomeUnknownError`` when retriable errors outlast the deadline (call
         ``commit_transaction()`` again; never abort then). A prepared transaction's
         failed commit raises ``TransactionInDoubtError`` instead: it is never aborted."""
-        with self._lock:
+        timeout = arguments.timeout(timeout, "commit_transaction")
+        with self._lock, self._watching("commit_transaction", "committed"):
             self._completion.commit(timeout)
             self._completion.raise_callback_error("commit_transaction() succeeded")
 
@@ -286,7 +338,8 @@ class TransactionalProducer:
         consumers, and records still queued fail with TRANSACTION_FAILED. Refused once a
         commit may have reached the broker (a timed-out commit, a prepared transaction
         whose commit was attempted)."""
-        with self._lock:
+        timeout = arguments.timeout(timeout, "abort_transaction")
+        with self._lock, self._watching("abort_transaction", "aborted"):
             self._completion.abort(timeout)
             self._completion.raise_callback_error("abort_transaction() succeeded")
 
@@ -302,16 +355,24 @@ class TransactionalProducer:
         the transaction needing ``abort_transaction()``. Afterwards only
         ``complete_transaction``/``commit_transaction``/``abort_transaction`` are
         allowed. A transaction that sent nothing prepares to the empty state."""
-        with self._lock, timed(self._metrics, "prepare_transaction"):
+        timeout = arguments.timeout(timeout, "prepare_transaction")
+        with (
+            self._lock,
+            timed(self._metrics, "prepare_transaction"),
+            self._watching_child("prepare_transaction", PREPARE_SPAN) as traced,
+        ):
             twophase = self._two_phase("prepare_transaction")
             if self._life.state is State.ABORTABLE and self._life.abortable is not None:
                 self._life.refuse_send("prepare_transaction")
             self._life.require("prepare_transaction")
             self._life.transition_to(State.PREPARING)
             budget = self._operation_timeout if timeout is None else timeout
-            return twophase.prepare(
+            prepared = twophase.prepare(
                 time.monotonic() + budget, self._completion.await_sends_to_prepare
             )
+            if self._watch is not None:
+                self._watch.identified(prepared, traced)
+            return prepared
 
     def complete_transaction(
         self,
@@ -339,26 +400,53 @@ class TransactionalProducer:
         the init after it fails (``TransactionOutcomeUnknownError``), recovery's outcome
         is kept: calling this again with the same state only runs what is left (the
         ``before_init`` hook if it raised, then the init)."""
+        call = "complete_transaction"
+        arguments.prepared_state(state, call)
+        arguments.callback(before_init, call, "before_init")
+        timeout = arguments.timeout(timeout, call)
         if isinstance(state, str):
             state = PreparedTxnState.parse(state)
         with self._lock:
             twophase = self._two_phase("complete_transaction")
             current = self._life.state
             if current is State.RECOVERING:
-                outcome = twophase.recovery.complete(
-                    state, before_init, timeout, init=self._completion.init
-                )
-                self._completion.raise_callback_error(
-                    f"complete_transaction() succeeded: recovery's outcome is {outcome.value}"
-                )
+                with self._recovering(state) as traced:
+                    outcome = twophase.recovery.complete(
+                        state, before_init, timeout, init=self._completion.init
+                    )
+                    traced["kafka_txn.transaction.outcome"] = outcome.value
+                    self._completion.raise_callback_error(
+                        f"complete_transaction() succeeded: recovery's outcome is {outcome.value}"
+                    )
                 return outcome
-            outcome = self._completion.complete(twophase, state, current, timeout)
+            with self._watching_child("complete_transaction", COMPLETE_SPAN) as traced:
+                outcome = self._completion.complete(twophase, state, current, timeout)
+                traced["kafka_txn.transaction.outcome"] = outcome.value
             if before_init is not None:
                 before_init(outcome)
             self._completion.raise_callback_error(
                 f"complete_transaction() succeeded: the transaction is {outcome.value}"
             )
             return outcome
+
+    def _watching(self, operation: str, done: str) -> AbstractContextManager[Any]:
+        """The watch (tracing, per-transaction metrics) of a commit or abort that ends
+        the open transaction with ``done`` when it succeeds, or settles a transaction kept
+        by init_transactions(keep_prepared_txn=True) (a recovery span)."""
+        watch = self._watch
+        if watch is None:
+            return _UNWATCHED
+        if self._life.state is State.RECOVERING:
+            return watch.recovery(None, done)
+        return watch.call(operation, done)
+
+    def _watching_child(self, operation: str, name: str) -> AbstractContextManager[Any]:
+        """The watch of prepare or complete: a span under the transaction's."""
+        return _UNWATCHED if self._watch is None else self._watch.child(operation, name)
+
+    def _recovering(self, stored: PreparedTxnState) -> AbstractContextManager[Any]:
+        """The watch of recovery: a span of its own."""
+        return _UNWATCHED if self._watch is None else self._watch.recovery(stored)
 
     def _two_phase(self, operation: str) -> TwoPhase:
         if self._twophase is None:
@@ -379,6 +467,8 @@ class TransactionalProducer:
             yield self
         except BaseException as exc:
             failed = exc
+        if failed is not None and self._watch is not None:
+            self._watch.failed(failed)  # the body's exception, on the transaction's span
         if failed is None:
             try:
                 self.commit_transaction()
@@ -398,12 +488,20 @@ class TransactionalProducer:
 
     # ------------------------------------------------------------------ plumbing calls
     def poll(self, timeout: float = 0) -> int:
-        """Serve delivery reports and callbacks; returns how many events were served."""
+        """Serve delivery reports and callbacks, waiting up to ``timeout`` seconds (a
+        number >= 0) for the first; returns how many events were served."""
+        # The common 0 and 0.05 pass on two type tests and a comparison; the rest is
+        # checked in full (bool, nan, inf, other types).
+        if (timeout.__class__ is not int and timeout.__class__ is not float) or not (
+            0 <= timeout < _NO_LIMIT
+        ):
+            timeout = arguments.wait(timeout, "poll")  # type: ignore[assignment]
         return self._io.poll(timeout)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every queued record is delivered or failed; returns how many are
-        still queued when ``timeout`` seconds pass."""
+        still queued when ``timeout`` seconds (a number >= 0, or None: no limit) pass."""
+        timeout = arguments.wait(timeout, "flush", none="no limit")
         return self._io.flush(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -416,8 +514,10 @@ class TransactionalProducer:
         recovery, and one whose commit's outcome is unknown, which is never aborted
         blindly. In every state, librdkafka's threads, sockets and memory are released
         before it returns (what is left open stays open at the broker). Safe to call more
-        than once."""
-        self._close(timeout)
+        than once. ``timeout`` is a number of seconds >= 0."""
+        checked = arguments.wait(timeout, "close")
+        assert checked is not None
+        self._close(checked)
 
     def _close(self, timeout: float = 10.0, *, abort_open: bool = True) -> None:
         """close(); ``abort_open=False`` leaves an open transaction to the coordinator
@@ -427,11 +527,14 @@ class TransactionalProducer:
         with self._lock:
             if self._life.state is State.CLOSED:
                 return
+            found = self._life.state
             try:
                 done = self._closing.close(timeout, abort_open=abort_open)
             finally:
                 # The last reference to librdkafka's handle: it is destroyed here.
                 self._produce = self._io.produce
+                if self._watch is not None:
+                    self._watch.closed(found)  # ends a transaction left open
             self._completion.raise_callback_error(done)
 
     def __enter__(self) -> TransactionalProducer:

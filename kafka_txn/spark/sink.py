@@ -51,6 +51,7 @@ from kafka_txn.spark.options import SinkOptions, StepHook, with_isolation
 from kafka_txn.spark.query import resolve_query_id
 from kafka_txn.spark.settle import settle_unfinished
 from kafka_txn.spark.tasks import PartitionWriter
+from kafka_txn.spark.unavailable import check_database, in_sink_terms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -181,10 +182,13 @@ class KafkaJdbcSink:
             # (5 kept, 10 more) has room for SETTLE_THREADS connections at once.
             engine = with_isolation(engine_for(o.url, o.user, o.password), o.isolation_level)
             try:
-                settle_unfinished(
-                    unfinished, kafka=o.kafka, engine=engine, state_table=o.state_table,
-                    lock_timeout=o.lock_timeout,
-                )  # fmt: skip
+                with in_sink_terms(
+                    f"KafkaJdbcSink batch {batch_id} (settling {unfinished})", engine
+                ):
+                    settle_unfinished(
+                        unfinished, kafka=o.kafka, engine=engine, state_table=o.state_table,
+                        lock_timeout=o.lock_timeout,
+                    )  # fmt: skip
             finally:
                 engine.dispose()
         if beyond:
@@ -231,6 +235,11 @@ class KafkaJdbcSink:
         o = self.options
         if self._ledger is None:
             engine = with_isolation(engine_for(o.url, o.user, o.password), o.isolation_level)
+            try:  # a database that cannot be opened is named with its fix, in the sink's terms
+                check_database(engine)
+            except BaseException:
+                engine.dispose()
+                raise
             state = Table(
                 o.state_table, MetaData(),
                 Column("transactional_id", String(255)), Column("prepared_txn_state", String),

@@ -32,6 +32,7 @@ from kafka_txn.errors import ReplayMismatchError, SinkOwnershipError
 from kafka_txn.spark.ledger import batch_guard, commits_table
 from kafka_txn.spark.options import SinkOptions, StepHook, with_isolation
 from kafka_txn.spark.settle import shared_engine
+from kafka_txn.spark.unavailable import in_sink_terms
 
 if TYPE_CHECKING:
     from kafka_txn.spark.mapping import Mapping
@@ -175,9 +176,11 @@ class PartitionWriter:
         cached = _checkout(self.opts, tid)
         context = (self.batch_id, partition, attempt)
         cached.relay.target, cached.relay.context = self.opts.on_step, context
+        where = f"KafkaJdbcSink batch {self.batch_id} partition {partition}"
         try:
             if not cached.started:
-                cached.writer.start()  # recovers what an earlier attempt of this id left
+                with in_sink_terms(where, cached.writer.engine):
+                    cached.writer.start()  # recovers what an earlier attempt of this id left
                 cached.started = True
             commits = commits_table(self.opts.commits_table)
             marker = {"sink": self.opts.transactional_id_prefix, "query_id": self.query_id,
@@ -190,7 +193,8 @@ class PartitionWriter:
                 _close(cached)
                 cached = _checkout(self.opts, tid)
                 cached.relay.target, cached.relay.context = self.opts.on_step, context
-                cached.writer.start()
+                with in_sink_terms(where, cached.writer.engine):
+                    cached.writer.start()
                 cached.started = True
             if written:
                 log.info("batch %s partition %s already written", self.batch_id, partition)

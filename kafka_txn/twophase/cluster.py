@@ -84,6 +84,7 @@ class ClusterId:
         every answer given up on delays the next one."""
         io = self._io
         sliced = True
+        started = time.monotonic()
         while True:
             began = time.monotonic()
             wait = min(_METADATA_SLICE_S, end - began) if sliced else end - began
@@ -102,6 +103,14 @@ class ClusterId:
                 refused, io.refused_login = io.refused_login, None
                 if refused is not None:
                     raise exception_for(refused, operation) from KafkaException(refused)
+                # No bootstrap server reachable at all: said within the grace period
+                # rather than at the deadline (producer.reachability).
+                unreachable = io.reachability.unreachable(
+                    f"{operation}()", started, final=time.monotonic() >= end,
+                    again=f"then call {operation}() again",
+                )  # fmt: skip
+                if unreachable is not None:
+                    raise unreachable from KafkaException(unreachable.kafka_error)
                 if time.monotonic() >= until:
                     break
             if time.monotonic() >= end:

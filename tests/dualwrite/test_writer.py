@@ -140,6 +140,33 @@ def test_exception_in_the_body_rolls_back_both(broker, jdbc_url, txn_id):
     assert broker.read_committed(topic, expected=1) == [(None, b"kept")]
 
 
+def test_start_runs_once_whoever_calls_it_first(broker, tmp_path, txn_id):
+    """The first transaction() of a writer not started starts it (recovery, then the
+    fence); start() called afterwards returns that start's outcome without a second
+    recovery or init: the producer's epoch is the same, and the writer goes on."""
+    topic = broker.create_topic()
+    events = events_table(f"events_{uuid.uuid4().hex[:10]}")
+    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    writer = DualWriter(conf, f"jdbc:sqlite:{tmp_path / 'db.sqlite'}")
+    try:
+        events.metadata.create_all(writer.engine)
+        with writer.transaction() as tx:
+            tx.connection.execute(events.insert(), [{"batch": 0, "value": "first"}])
+            tx.produce(topic, b"first")
+        epoch = _describe_ended(broker, txn_id).producer_epoch
+        assert writer.start() is TransactionOutcome.NOTHING_TO_COMMIT
+        assert writer.start() is TransactionOutcome.NOTHING_TO_COMMIT
+        assert _describe(broker, txn_id).producer_epoch == epoch
+        with writer.transaction() as tx:
+            tx.connection.execute(events.insert(), [{"batch": 1, "value": "second"}])
+            tx.produce(topic, b"second")
+        with writer.engine.connect() as conn:
+            assert sorted(conn.execute(select(events.c.value)).scalars()) == ["first", "second"]
+    finally:
+        writer.close()
+    assert sorted(broker.read_committed(topic, expected=2)) == [(None, b"first"), (None, b"second")]
+
+
 def _describe(broker: Broker, txn_id: str) -> TransactionDescription:
     settings = ConnectionSettings.from_librdkafka({"bootstrap.servers": broker.bootstrap_servers})
     with CoordinatorClient(settings, txn_id) as client:

@@ -737,3 +737,82 @@ def test_spark_sink_takes_mapping_options():
     )
     assert sink.kafka == {"bootstrap.servers": "127.0.0.1:1"}
     assert sink.topic == "out"
+
+
+# ---------------------------------------------------------------- mistakes named with the fix
+@pytest.mark.guarantee("1.17")
+@pytest.mark.parametrize(
+    ("conf", "needles"),
+    [
+        (
+            {"bootstrap.servers": ["a:9092", "b:9092"], "transactional.id": "t"},
+            ["bootstrap.servers must be one string, got a list",
+             "join the addresses with commas", "'a:9092,b:9092'"],
+        ),
+        (
+            {"bootstrap.servers": ("a:9092",), "transactional.id": "t"},
+            ["got a tuple", "'a:9092'"],
+        ),
+        (
+            {"bootstrap.servers": "a:9092", "transactionl.id": "t"},
+            ["transactional.id is required", "did you mean it instead of 'transactionl.id'?"],
+        ),
+        (
+            {"bootstrap.servers": "a:9092", "transactional_id": "t"},
+            ["transactional.id is required", "instead of 'transactional_id'?"],
+        ),
+        (
+            {"bootstrap.server": "a:9092", "transactional.id": "t"},
+            ["bootstrap.servers is required", "did you mean it instead of 'bootstrap.server'?"],
+        ),
+        (
+            {**BASE, "operation_timeout": 30},
+            ["'operation_timeout' is not a librdkafka property but a keyword argument",
+             "pass operation_timeout=... to TransactionalProducer"],
+        ),
+        (
+            {**BASE, "value.serializer": str.encode},
+            ["'value.serializer' is not a librdkafka property", "pass value_serializer=..."],
+        ),
+        ({**BASE, "linger.ms": None}, ["linger.ms is set to a NoneType", "remove the key"]),
+        (
+            {**BASE, "sasl.password": ["hunter2"]},
+            ["sasl.password is set to a list", "give it as a string"],
+        ),
+        ({**BASE, "client.id": b"me"}, ["client.id is set to a bytes", "give it as a string"]),
+    ],
+)  # fmt: skip
+def test_a_misspelt_misplaced_or_mistyped_setting_is_named_with_its_fix(
+    conf: dict[str, Any], needles: list[str]
+) -> None:
+    """A list of servers (which confluent-kafka would pass on as its str() and librdkafka
+    try to resolve until the first call timed out), a required key written a little
+    wrong, a TransactionalProducer keyword argument put in the config, and a value that
+    is no string, number or boolean are refused by validate_config, before anything
+    connects, naming the key and the fix; a value is never repeated unless it is the
+    servers' list."""
+    with pytest.raises(ConfigurationError) as info:
+        TransactionalProducer(conf)
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    assert "hunter2" not in message
+
+
+@pytest.mark.guarantee("1.17")
+def test_an_unrelated_key_is_not_suggested_for_a_missing_one() -> None:
+    """Only a close match is offered: a config without transactional.id whose keys look
+    nothing like it gets the plain message."""
+    with pytest.raises(ConfigurationError) as info:
+        validate_config({"bootstrap.servers": "a:1", "client.id": "c", "linger.ms": 5})
+    assert "did you mean" not in str(info.value)
+
+
+def test_objects_confluent_kafka_takes_are_accepted() -> None:
+    """Callables (oauth_cb, throttle_cb...) and a logger stay accepted as values."""
+    import logging
+
+    validated = validate_config(
+        {**BASE, "logger": logging.getLogger("x"), "throttle_cb": print, "linger.ms": 5.0}
+    )
+    assert validated.librdkafka["throttle_cb"] is print

@@ -43,6 +43,13 @@ def _all_kinds() -> list[errors.KafkaTxnError]:
         ),
         errors.UnsupportedBrokerError("old broker"),
         errors.DatabaseCommitUnknownError("db"),
+        errors.BrokerUnreachableError(
+            "unreachable",
+            kafka_error=KafkaError(KafkaError._TRANSPORT),
+            servers="127.0.0.1:9",
+            causes=("connection refused to 127.0.0.1:9",),
+        ),
+        errors.DatabaseUnavailableError("no database", url="jdbc:postgresql://h/db?password=***"),
     ]
 
 

@@ -53,15 +53,15 @@ _REFUSALS = {
     "not a str": r"a serialized PreparedTxnState is a str, got ",
     "too long": rf"longer than {MAX_SERIALIZED_LENGTH} characters",
     "no known form": r"expected '' or 'pid:epoch' or a form starting with 'kafka-txn:1;'",
-    "version not a number": r"format version '.*' is not a number",
+    "version not a number": r"format version ['\"].*['\"] is not a number",
     "newer version": r"format version \d+ is not readable by this kafka-txn .*: upgrade",
-    "not key=value": r"field '.*' is not key=value",
+    "not key=value": r"field ['\"].*['\"] is not key=value",
     "field twice": r"field '(pid|epoch|tid|start|cluster|timeout|done)' appears twice",
     "field missing": r"field '(pid|epoch)' is missing",
-    "not an integer": r"(pid|epoch|start|timeout)='.*' is not an integer",
+    "not an integer": r"(pid|epoch|start|timeout)=['\"].*['\"] is not an integer",
     "out of range": r"(producer_id|producer_epoch|txn_start_ms|timeout_ms): Input should be",
     "bad percent-encoding": r"(tid|cluster) is not valid percent-encoded UTF-8",
-    "done not 0 or 1": r"done='.*' must be 0 or 1",
+    "done not 0 or 1": r"done=['\"].*['\"] must be 0 or 1",
 }
 STATE_BRANCHES = {"valid", *_REFUSALS}
 

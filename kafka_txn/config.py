@@ -62,6 +62,8 @@ _KEYWORD_ARGUMENTS = {
     "key.serializer": "key_serializer",
     "value.serializer": "value_serializer",
     "metrics": "metrics",
+    "tracing": "tracing",
+    "sleep": "sleep",
 }
 """Config keys that are TransactionalProducer keyword arguments, not librdkafka
 properties (librdkafka would call them unknown), and the argument each one is."""
@@ -124,10 +126,11 @@ class ProducerSettings(BaseModel):
     """KIP-939's client setting: allow prepare_transaction() and recovery."""
     extra: Mapping[str, Any] = Field(default_factory=dict)
 
-    @field_validator("transactional_id")
+    @field_validator("transactional_id", "bootstrap_servers")
     @classmethod
-    def _transactional_id_is_not_blank(cls, value: str) -> str:
-        # validate_config refuses a blank id too: settings that build must validate.
+    def _not_blank(cls, value: str) -> str:
+        # validate_config refuses a blank id or servers too: settings that build must
+        # validate.
         if not value.strip():
             raise ValueError("is blank")
         return value
@@ -352,10 +355,20 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
             f"transactional.id must be a string, got {txn_id!r}: set it to a name that is "
             "stable across restarts of this producer (e.g. 'orders-writer-0')"
         )
-    if "bootstrap.servers" not in conf and "test.mock.num.brokers" not in conf:
+    servers = conf.get("bootstrap.servers")
+    # An empty (or blank) list of servers is no list: librdkafka would accept it and
+    # wait out init_transactions()'s whole timeout for a broker it was never told of.
+    blank = servers is None or (isinstance(servers, str) and not servers.strip())
+    if blank and ("bootstrap.servers" in conf or "test.mock.num.brokers" not in conf):
         raise ConfigurationError(
             "bootstrap.servers is required: set it to 'host:port[,host:port...]'"
-            + _misspelt("bootstrap.servers", conf)
+            + ("" if "bootstrap.servers" in conf else _misspelt("bootstrap.servers", conf))
+        )
+    if servers is not None and not isinstance(servers, (str, list, tuple)):
+        # A list or tuple is named by _check_value_type, with the joined string.
+        raise ConfigurationError(
+            f"bootstrap.servers must be a string 'host:port[,host:port...]', got "
+            f"{servers!r} ({type(servers).__name__}): e.g. 'localhost:9092'"
         )
     for key in ("enable.idempotence", "enable_idempotence"):
         if key in conf and not _as_bool(key, conf[key]):

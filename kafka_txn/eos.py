@@ -227,7 +227,9 @@ class ExactlyOnceProcessor:
                 f"topics must be a non-empty list of topic names, got {topics!r}"
             )
         for name in topics:
-            if not (isinstance(name, str) and name.startswith("^")):  # "^...": a regex
+            if isinstance(name, str) and name.startswith("^"):  # "^...": a regex
+                arguments.topic_pattern(name, call, "topics")
+            else:
                 arguments.topic(name, call, "topics")
         if dead_letter_topic is not None:
             arguments.topic(dead_letter_topic, call, "dead_letter_topic")

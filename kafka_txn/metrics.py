@@ -71,7 +71,9 @@ class TransactionalIdLabels:
     id itself), kept for the first ``max_transactional_ids`` distinct labels seen; every
     later one is ``"other"``. This bounds the label's cardinality where ids are many
     (the Spark sink's ``<prefix>-<partition>``: pass ``label=`` to strip the partition).
-    ``max_transactional_ids=0`` labels every id ``"other"``."""
+    ``max_transactional_ids=0`` labels every id ``"other"``; a kept label ``"other"``
+    (an id so named) shares its series with the overflow. A ``label`` function that
+    returns anything but a ``str`` raises ``TypeError``."""
 
     def __init__(
         self,
@@ -94,6 +96,13 @@ class TransactionalIdLabels:
 
     def __call__(self, transactional_id: str) -> str:
         label = transactional_id if self._label is None else self._label(transactional_id)
+        if not isinstance(label, str):
+            # prometheus_client would write None as the label "None": a wrong label,
+            # not a missing one.
+            raise TypeError(
+                f"the transactional id label function returned {label!r} "
+                f"({type(label).__name__}) for {transactional_id!r}: it must return a str"
+            )
         if label in self._kept:
             return label
         with self._lock:

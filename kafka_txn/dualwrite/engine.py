@@ -33,12 +33,24 @@ def validate_identifier(name: str, what: str) -> str:
     return name
 
 
-def database_url(database: str | URL, user: str | None, password: str | None) -> URL:
+def database_url(
+    database: str | URL,
+    user: str | None,
+    password: str | None,
+    *,
+    refuse_sqlite_login: bool = False,
+) -> URL:
     """The SQLAlchemy URL for a JDBC URL (parameters mapped and checked, see
-    ``kafka_txn.dualwrite.jdbc.urls``) or a SQLAlchemy URL. Errors show the URL redacted."""
+    ``kafka_txn.dualwrite.jdbc.urls``) or a SQLAlchemy URL. Errors show the URL redacted.
+    A SQLite database is a file with no login: a user or password given with it is
+    ignored, as Spark's SQLite JDBC driver ignores its ``user``/``password`` options, or
+    with ``refuse_sqlite_login`` (DualWriter's arguments) refused; never left to
+    SQLAlchemy's "Invalid SQLite URL"."""
     if isinstance(database, URL):
         return database
     if isinstance(database, str) and database.startswith("jdbc:"):
+        if database.startswith("jdbc:sqlite:") and refuse_sqlite_login:
+            _refuse_sqlite_login(user, password)
         return jdbc_to_sqlalchemy(database, user=user, password=password)
     if isinstance(database, str):
         try:
@@ -49,6 +61,10 @@ def database_url(database: str | URL, user: str | None, password: str | None) ->
                 f"database {redact_jdbc_url(database)!r} is neither a JDBC URL nor a "
                 f"SQLAlchemy URL ({type(exc).__name__})"
             ) from None
+        if url.get_backend_name() == "sqlite":
+            if refuse_sqlite_login:
+                _refuse_sqlite_login(user, password)
+            return url
         if user is not None or password is not None:
             url = url.set(username=user or url.username, password=password or url.password)
         return url
@@ -57,12 +73,30 @@ def database_url(database: str | URL, user: str | None, password: str | None) ->
     )
 
 
-def engine_for(database: str | URL | Engine, user: str | None, password: str | None) -> Engine:
-    """A SQLAlchemy Engine for a JDBC URL, a SQLAlchemy URL or an Engine (returned as is).
-    Built by ``jdbc.bounded_engine``: a MySQL/MariaDB handshake cannot hang."""
+def _refuse_sqlite_login(user: str | None, password: str | None) -> None:
+    if user is not None or password is not None:
+        given = " and ".join(
+            n for n, v in (("user", user), ("password", password)) if v is not None
+        )
+        raise ConfigurationError(
+            f"SQLite takes no user or password (a {given} was given with a SQLite URL): "
+            "drop them, or use a PostgreSQL or MySQL/MariaDB URL"
+        )
+
+
+def engine_for(
+    database: str | URL | Engine,
+    user: str | None,
+    password: str | None,
+    *,
+    refuse_sqlite_login: bool = False,
+) -> Engine:
+    """A SQLAlchemy Engine for a JDBC URL, a SQLAlchemy URL or an Engine (returned as is;
+    ``database_url`` for ``refuse_sqlite_login``). Built by ``jdbc.bounded_engine``: a
+    MySQL/MariaDB handshake cannot hang."""
     if isinstance(database, Engine):
         return database
-    url = database_url(database, user, password)
+    url = database_url(database, user, password, refuse_sqlite_login=refuse_sqlite_login)
     kwargs: dict[str, Any] = {}
     if url.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 30}  # wait for the other writer's lock

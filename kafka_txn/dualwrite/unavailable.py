@@ -151,10 +151,16 @@ def explain(exc: BaseException, url: URL, terms: Terms = DUAL_WRITER_TERMS) -> s
 def raise_if_unavailable(engine: Engine, call: str, terms: Terms) -> None:
     """Open (and give back) one connection of ``engine``: a database that cannot be
     reached or refuses the login raises ``DatabaseUnavailableError`` for ``call``, with
-    the fix in ``terms`` and the driver's error as its cause. Nothing is written."""
+    the fix in ``terms`` and the driver's error as its cause. Nothing is written.
+
+    SQLite opens its file lazily: connecting to a file that is not a database succeeds,
+    and only the first read of its header fails ("file is not a database", a
+    ``DatabaseError``). ``PRAGMA schema_version`` reads that header (and writes nothing),
+    so such a file is named here rather than by the first query of the state table."""
     try:
-        with engine.connect():
-            pass
+        with engine.connect() as conn:
+            if engine.url.get_backend_name() == "sqlite":
+                conn.exec_driver_sql("PRAGMA schema_version")
     except DBAPIError as exc:
         shown = redact_jdbc_url(engine.url.render_as_string(hide_password=True))
         raise DatabaseUnavailableError(

@@ -158,10 +158,12 @@ class DualWriter(_Startup, _FailurePaths):
         conf[TWO_PHASE_COMMIT_KEY] = True
         arguments.flag(create_state_table, "DualWriter", "create_state_table")
         arguments.callback(on_step, "DualWriter", "on_step")
+        arguments.optional_text(user, "DualWriter", "user")
+        arguments.optional_text(password, "DualWriter", "password", secret=True)
         tracing = as_tracing(tracing, "DualWriter")
         lock_timeout = validate_seconds(lock_timeout, "lock_timeout")
         delay = validate_seconds(mark_completed_after, "mark_completed_after")
-        self.engine = engine_for(database, user, password)
+        self.engine = engine_for(database, user, password, refuse_sqlite_login=True)
         dialect = self.engine.dialect.name
         if dialect not in ("postgresql", "mysql", "mariadb", "sqlite"):
             raise ConfigurationError(

@@ -32,9 +32,11 @@ __all__ = [
     "group_metadata",
     "hook",
     "offsets",
+    "optional_text",
     "prepared_state",
     "timeout",
     "topic",
+    "topic_pattern",
     "topic_problem",
     "wait",
 ]
@@ -113,6 +115,19 @@ def flag(value: bool, call: str, name: str) -> bool:
     return value
 
 
+def optional_text(value: str | None, call: str, name: str, *, secret: bool = False) -> str | None:
+    """A str, or None. A ``secret`` (a password) refused is shown by its type alone,
+    never its value."""
+    if value is not None and not isinstance(value, str):
+        if secret:
+            raise TypeError(
+                f"{call}({name}=...) must be a str or None, "
+                f"got a value of type {type(value).__name__}"
+            )
+        raise _refuse(call, name, "a str or None", value, wrong_type=True)
+    return value
+
+
 def callback(value: _T | None, call: str, name: str, *, none: bool = True) -> _T | None:
     """A callable, or (where ``none``) None."""
     if (value is not None or not none) and not callable(value):
@@ -177,6 +192,18 @@ def topic(value: str, call: str, name: str = "topic") -> str:
     if problem is not None:
         raise _refuse(call, name, f"a valid Kafka topic name ({problem})", value,
                       wrong_type=not isinstance(value, str))  # fmt: skip
+    return value
+
+
+def topic_pattern(value: str, call: str, name: str = "topics") -> str:
+    """A regex subscription, ``^`` and a pattern (librdkafka's form): it must compile as
+    a regular expression (Python's ``re`` is the check), since librdkafka would refuse
+    it only when the consumer subscribes ("Failed to set subscription")."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise _refuse(call, name, f"a valid '^' regular expression ({exc})", value,
+                      wrong_type=False) from None  # fmt: skip
     return value
 
 

@@ -120,7 +120,14 @@ class Deliveries:
         return failure
 
     def chain(self, user_cb: DeliveryCallback) -> Callable[[KafkaError | None, Message], None]:
-        """A per-record callback: bookkeeping first, then ``user_cb(failure, msg)``."""
+        """A per-record callback: bookkeeping first, then ``user_cb(failure, msg)``.
+        A ``user_cb`` that cannot be called is refused here, before the record is queued
+        (it would fail only when its report is served: after the commit)."""
+        if not callable(user_cb):
+            raise TypeError(
+                "produce(on_delivery=...) must be a callable(error, message) or None, got "
+                f"{user_cb!r:.60} ({type(user_cb).__name__})"
+            )
         on_delivery = self.on_delivery
 
         def deliver(err: KafkaError | None, msg: Message) -> None:

@@ -26,6 +26,7 @@ from kafka_txn.errors import (
     IllegalStateError,
     KafkaTxnError,
     ProduceFailedException,
+    TransactionAbortableError,
     _RecordTypeError,
 )
 from kafka_txn.producer.arguments import topic_problem
@@ -171,7 +172,8 @@ class Sends:
         if isinstance(exc, IllegalStateError):  # the handle was let go of: Handle.detach
             raise exc
         if isinstance(exc, KafkaException):
-            raise self.sync_failure(exc, topic, partition, key, value) from exc
+            refusal = self.sync_failure(exc, topic, partition, key, value)
+            raise refusal from refusal.__cause__ or exc
         failure = self.refused(exc, topic, value, key, partition)
         if isinstance(exc, TypeError):
             raise self.type_error(exc, key, value, failure) from None
@@ -190,12 +192,28 @@ class Sends:
             # report not served yet: serve it, so that the real cause is recorded first.
             self._io.drain()
         failure = produce_failure(err, topic, partition, key)
-        if err.code() == KafkaError._STATE and self._deliveries.first_failure is not None:
-            failure.message += f"; the transaction already failed: {self._deliveries.first_failure}"
         # The record never entered librdkafka, so librdkafka would commit without it:
         # remember it so that commit_transaction() refuses (KIP-691).
         self._deliveries.record_failure(failure)
-        return failure
+        if err.code() != KafkaError._STATE:
+            return failure
+        # The transaction failed before this send: an earlier record's delivery failed
+        # (the broker refused it...), or the coordinator made it abortable. As Java's
+        # send() in an error state throws the transaction's error, not a failure of the
+        # record at hand, this is the transaction's abortable error, its cause the record
+        # that failed it: a caller must not take this record for the culprit.
+        culprit = self._deliveries.first_failure
+        if culprit is failure:
+            culprit = None
+        refused = TransactionAbortableError(
+            "produce() refused: the transaction already failed"
+            + (f" ({culprit})" if culprit is not None else f" ({err.str()})")
+            + "; abort it and retry (the record that failed it, if one did, is this "
+            "error's cause)",
+            kafka_error=culprit.kafka_error if culprit is not None else err,
+        )
+        refused.__cause__ = culprit
+        return refused
 
     def _too_large(self, key: Any, value: Any) -> str:
         """librdkafka's produce() refuses a record whose key, value and headers exceed

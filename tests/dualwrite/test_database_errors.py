@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError
 
 from kafka_txn import DatabaseUnavailableError, DualWriter
 from kafka_txn.cli.database import DatabaseUnusableError, open_database, read_state_row
@@ -98,6 +98,24 @@ def test_an_unwritable_sqlite_path_is_named(tmp_path: Path) -> None:
     exc = _start_failure(f"jdbc:sqlite:{path}")
     assert f"cannot open the SQLite file {path}" in str(exc)
     assert "check that its directory exists and is writable" in str(exc)
+
+
+@pytest.mark.guarantee("4.16")
+def test_a_file_that_is_not_a_sqlite_database_is_named(tmp_path: Path) -> None:
+    """A text file given as the SQLite database: start() names the path and the fix
+    (DatabaseUnavailableError, the driver's DatabaseError as its cause), and the file is
+    left as it was."""
+    path = tmp_path / "notadb.txt"
+    path.write_text("not a database\n" * 100)
+    exc = _start_failure(f"jdbc:sqlite:{path}")
+    message = str(exc)
+    assert message.startswith(
+        f"DualWriter.start(): the SQLite file {path} is not a SQLite "
+        "database: check the path in DualWriter's database"
+    ), message
+    assert "nothing was written" in message
+    assert isinstance(exc.__cause__, DatabaseError)
+    assert path.read_text() == "not a database\n" * 100
 
 
 @pytest.mark.guarantee("4.16")

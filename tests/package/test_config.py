@@ -224,6 +224,13 @@ def _break_transactional_id(draw: st.DrawFn, case: _ConfigCase) -> None:
 def _break_servers(draw: st.DrawFn, case: _ConfigCase) -> None:
     case.conf.pop("bootstrap.servers", None)
     case.conf.pop("test.mock.num.brokers", None)
+    how = draw(st.sampled_from(["missing", "blank", "not a string"]))
+    if how == "not a string":
+        case.conf["bootstrap.servers"] = draw(st.one_of(st.integers(), st.floats()))
+        case.refusals.append(("bootstrap.servers not a string", "bootstrap.servers"))
+        return
+    if how == "blank":
+        case.conf["bootstrap.servers"] = draw(st.one_of(st.none(), _BLANK))
     case.refusals.append(("bootstrap.servers missing", "bootstrap.servers"))
 
 
@@ -299,6 +306,7 @@ _REFUSAL_TEXT = {
     "transactional.id missing": "transactional.id is required: set it to a name that is stable",
     "transactional.id not a string": "must be a string, got .*: set it to a name that is stable",
     "bootstrap.servers missing": "bootstrap.servers is required: set it to 'host:port",
+    "bootstrap.servers not a string": "must be a string 'host:port\\[,host:port...\\]', got ",
     "idempotence off": "=false cannot be used: transactions need the idempotent producer; "
     "remove the key",
     "delivery reports off": "=true cannot be used: kafka-txn needs every delivery report",
@@ -408,7 +416,7 @@ def settings_cases(
 ) -> _SettingsCase:
     """Valid settings with the ``breaks`` drawn (by default: none, one or two fields)."""
     expected: dict[str, Any] = {
-        "bootstrap_servers": draw(st.text(min_size=1, max_size=20)),
+        "bootstrap_servers": draw(st.text(min_size=1, max_size=20).filter(str.strip)),
         "transactional_id": draw(st.text(min_size=1, max_size=20).filter(str.strip)),
         "transaction_timeout_ms": 60_000,
         "two_phase_commit": False,
@@ -446,7 +454,7 @@ def settings_cases(
 
 _SETTINGS_BREAKS: dict[str, st.SearchStrategy[tuple[str, Any]]] = {
     "bootstrap_servers": st.tuples(st.just("missing"), st.none())
-    | st.tuples(st.just("bad"), st.sampled_from(["", 9092, None, ["h:1"]])),
+    | st.tuples(st.just("bad"), st.sampled_from(["", " \t", 9092, None, ["h:1"]])),
     "transactional_id": st.tuples(st.just("missing"), st.none())
     | st.tuples(st.just("bad"), st.sampled_from(["", " \t", "x" * 32768, 7, None, ["t"]])),
     "transaction_timeout_ms": st.tuples(
@@ -780,6 +788,19 @@ def test_spark_sink_takes_mapping_options():
             ["sasl.password is set to a list", "give it as a string"],
         ),
         ({**BASE, "client.id": b"me"}, ["client.id is set to a bytes", "give it as a string"]),
+        ({**BASE, "bootstrap.servers": ""}, ["bootstrap.servers is required", "host:port"]),
+        ({**BASE, "bootstrap.servers": " \t"}, ["bootstrap.servers is required", "host:port"]),
+        ({**BASE, "bootstrap.servers": None}, ["bootstrap.servers is required", "host:port"]),
+        (
+            {**BASE, "bootstrap.servers": 9092},
+            ["bootstrap.servers must be a string 'host:port[,host:port...]', got 9092 (int)"],
+        ),
+        (
+            {**BASE, "tracing": object()},
+            ["'tracing' is not a librdkafka property", "pass tracing=... to TransactionalProducer"],
+        ),
+        ({**BASE, "sleep": print}, ["'sleep' is not a librdkafka property", "pass sleep=..."]),
+        ({**BASE, "metrics": object()}, ["'metrics' is not a librdkafka property"]),
     ],
 )  # fmt: skip
 def test_a_misspelt_misplaced_or_mistyped_setting_is_named_with_its_fix(
@@ -797,6 +818,24 @@ def test_a_misspelt_misplaced_or_mistyped_setting_is_named_with_its_fix(
     for needle in needles:
         assert needle in message, message
     assert "hunter2" not in message
+
+
+@pytest.mark.guarantee("1.17")
+def test_every_producer_keyword_argument_in_the_config_is_named() -> None:
+    """Each of TransactionalProducer's keyword arguments, put in the config, is refused
+    as a misplaced keyword argument (pass it to TransactionalProducer), never as a
+    librdkafka property of the wrong type."""
+    import inspect
+
+    names = [
+        p.name
+        for p in inspect.signature(TransactionalProducer.__init__).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert names
+    for name in names:
+        with pytest.raises(ConfigurationError, match=f"pass {name}=\\.\\.\\. to Transactional"):
+            validate_config({**BASE, name: object()})
 
 
 @pytest.mark.guarantee("1.17")

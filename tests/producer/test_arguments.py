@@ -323,6 +323,7 @@ def test_exactly_once_processor_names_bad_arguments() -> None:
         ({"poll_timeout": -0.5}, ValueError, "poll_timeout=..."),
         ({"topics": ["bad topic!"]}, ValueError, "topics=..."),
         ({"topics": [7]}, TypeError, "topics=..."),
+        ({"topics": ["^("]}, ValueError, "a valid '^' regular expression (missing ), "),
         ({"dead_letter_topic": ".."}, ValueError, "dead_letter_topic=..."),
         ({"process": "upper"}, TypeError, "process=..."),
         ({"recoverer": "dlq"}, TypeError, "recoverer=..."),
@@ -458,3 +459,43 @@ def test_dual_writer_names_bad_arguments(tmp_path: Any) -> None:
         assert writer.producer.state == "new"
     finally:
         writer.close()
+
+
+@pytest.mark.guarantee("1.16")
+def test_dual_writer_names_bad_credentials(tmp_path: Any) -> None:
+    """DualWriter's user= and password= are a str or None, named by call and argument
+    (a password by its type, never its value); SQLite has no login, so either given
+    with a SQLite URL (JDBC or SQLAlchemy) is a ConfigurationError, not dropped."""
+    from kafka_txn.dualwrite import DualWriter
+
+    conf = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "t"}
+    postgres = "jdbc:postgresql://127.0.0.1:1/test"  # never connected: checked first
+    with pytest.raises(TypeError, match=r"^DualWriter\(user=\.\.\.\) must be a str or None, "):
+        DualWriter(conf, postgres, user=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^DualWriter\(password=\.\.\.\)") as info:
+        DualWriter(conf, postgres, password=b"s3cret")  # type: ignore[arg-type]
+    assert "s3cret" not in str(info.value) and "bytes" in str(info.value)
+    for url in (f"jdbc:sqlite:{tmp_path}/state.db", f"sqlite:///{tmp_path}/state.db"):
+        for kwargs in ({"user": "app"}, {"password": "pw"}, {"user": "app", "password": ""}):
+            with pytest.raises(ConfigurationError, match="SQLite takes no user or password"):
+                DualWriter(conf, url, **kwargs)
+    DualWriter(conf, postgres, user="app", password="pw").close()
+
+
+@pytest.mark.guarantee("1.16")
+def test_an_on_delivery_that_cannot_be_called_is_refused_before_the_record_is_queued(
+    broker: Broker, producer_config: dict[str, Any]
+) -> None:
+    """produce(on_delivery=5) raises TypeError naming the argument before the record is
+    queued (a callback that cannot be called would otherwise fail only when its report is
+    served, after the commit); the transaction goes on and commits without that record."""
+    topic = broker.create_topic(partitions=1)
+    with TransactionalProducer(producer_config) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce(topic, b"kept")
+        with pytest.raises(TypeError, match=r"produce\(on_delivery=\.\.\.\) must be a callable"):
+            producer.produce(topic, b"never", on_delivery=5)  # type: ignore[arg-type]
+        assert producer.state == "in transaction"
+        producer.commit_transaction()
+    assert [v for _, v in broker.read_committed(topic, 1)] == [b"kept"]

@@ -160,7 +160,9 @@ def test_abort_purges_queued_records_as_transaction_failed(mock_cluster, mock_co
 @pytest.mark.guarantee("1.2")
 def test_produce_after_an_unseen_record_failure_is_abortable_not_fatal(mock_cluster, mock_config):
     """librdkafka refuses produce() with _STATE once a record failed in the background;
-    that is the transaction failing, not the producer dying."""
+    that is the transaction failing, not the producer dying: produce() raises the
+    transaction's TransactionAbortableError, its cause the record that failed it (never
+    a failure of the innocent record at hand), and the commit is refused."""
     mock_cluster.create_topic("t", partitions=1, replication_factor=3)
     p = _ready(mock_config(message_send_max_retries=1))
     p.begin_transaction()
@@ -173,9 +175,13 @@ def test_produce_after_an_unseen_record_failure_is_abortable_not_fatal(mock_clus
         try:
             p.produce("t", b"next", partition=0)
             time.sleep(0.05)
-        except ProduceFailedException as exc:
+        except TransactionAbortableError as exc:
             raised = exc
     assert raised is not None and raised.category is ErrorCategory.ABORTABLE
+    assert not isinstance(raised, ProduceFailedException)
+    culprit = raised.__cause__
+    assert isinstance(culprit, ProduceFailedException)
+    assert culprit.kafka_error.code() == KafkaError.NOT_ENOUGH_REPLICAS
     with pytest.raises(CommitFailedException) as info:
         p.commit_transaction()
     assert info.value.kafka_error.code() == KafkaError.NOT_ENOUGH_REPLICAS

@@ -93,6 +93,14 @@ def _refusals(topic: str) -> dict[str, Callable[[TransactionalProducer], None]]:
     }
 
 
+_KEYS = {
+    "oversized": b"big",
+    "wrong_type": b"int",
+    "unknown_partition": b"p99",
+    "invalid_topic": b"bad-topic",
+}
+
+
 @pytest.mark.guarantee("1.19")
 @pytest.mark.parametrize(
     ("kind", "failure_type"),
@@ -125,7 +133,7 @@ def test_a_refused_record_is_the_refused_branch(broker, kind, failure_type):
                 body(producer)
 
         outcome = publish(producer, Refusing())
-        assert outcome.startswith(f"refused {failure_type}: "), outcome
+        assert outcome == f"refused {failure_type} {_KEYS[kind]!r}", outcome
         assert producer.state == "ready"
         assert publish(producer, {b"after": b"next"}) == "committed"
     seen = broker.read_committed(topic, 2)
@@ -168,26 +176,50 @@ def test_a_commit_out_of_time_is_the_unknown_branch(mock_cluster, mock_config, p
         assert producer.state == "ready"
 
 
-@pytest.mark.guarantee("1.19")
-def test_a_record_the_broker_refuses_is_the_aborted_branch(broker):
-    """The broker refuses a record larger than its topic's max.message.bytes (the
-    client's message.max.bytes lets it through): the commit fails with
-    CommitFailedException, the template returns "aborted", nothing is visible, and the
-    retry the comment asks for, without that record, commits. librdkafka numbered the
-    refused records, which the broker never stored, so the next transaction's first
-    Produce fails with OUT_OF_ORDER_SEQUENCE_NUMBER and bumps the epoch
-    (``rd_kafka_handle_Produce_error``, "skipped sequence numbers"): that one retry
-    is "aborted" too, and the one after it commits."""
+def _limited_topic(broker, limit: int) -> str:
+    """A one-partition topic whose max.message.bytes is ``limit``."""
     topic = broker.create_topic(partitions=1)
     admin = broker.admin()  # must outlive its futures
-    limit = ConfigEntry("max.message.bytes", "2000", incremental_operation=AlterConfigOpType.SET)
-    resource = ConfigResource("topic", topic, incremental_configs=[limit])
+    entry = ConfigEntry(
+        "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource("topic", topic, incremental_configs=[entry])
     admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    return topic
+
+
+@pytest.mark.guarantee("1.19")
+@pytest.mark.parametrize("reported", ["at_commit", "before_the_next_send"])
+def test_a_record_the_broker_refuses_is_the_aborted_branch(broker, reported):
+    """The broker refuses a record larger than its topic's max.message.bytes (the
+    client's message.max.bytes lets it through). Whether its refusal is known at the
+    commit (CommitFailedException) or before a later produce() (that produce() raises
+    the transaction's TransactionAbortableError, never a failure of its own innocent
+    record), the template returns "aborted by MESSAGE_REJECTED" naming a record of the
+    refused batch, nothing is visible, and the retry without the large one commits.
+    librdkafka numbered the refused records, which the broker never stored, so the next
+    transaction's first Produce fails with OUT_OF_ORDER_SEQUENCE_NUMBER and bumps the
+    epoch (``rd_kafka_handle_Produce_error``, "skipped sequence numbers"): that one
+    retry may be "aborted" too, and the one after it commits."""
+    topic = _limited_topic(broker, 2000)
     publish = _publish(topic)
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"big-{topic}"}
     with TransactionalProducer(conf) as producer:
         producer.init_transactions()
-        assert publish(producer, {b"small": b"s", b"large": b"x" * 20_000}) == "aborted"
+
+        class Orders(dict[bytes, bytes]):
+            def items(self):  # type: ignore[override]
+                yield b"small", b"s"
+                yield b"large", b"x" * 20_000
+                if reported == "before_the_next_send":
+                    producer.flush(30)  # the broker's refusal is reported now
+                    for i in range(3):
+                        yield b"after-%d" % i, b"innocent"
+
+        # librdkafka sent both records in one batch, which the broker refused whole:
+        # either may be named, never a record sent after the refusal was reported.
+        outcome = publish(producer, Orders())
+        assert outcome in {f"aborted by MESSAGE_REJECTED {k!r}" for k in (b"small", b"large")}
         assert producer.state == "ready"
         retries = [publish(producer, {b"small": b"s"}) for _ in range(2)]
         assert retries in (["aborted", "committed"], ["committed", "committed"]), retries

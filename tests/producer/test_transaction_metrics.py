@@ -5,6 +5,7 @@ registry, on a real broker."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -159,3 +160,31 @@ def test_bad_label_settings_are_refused(kwargs: dict[str, Any], error: type) -> 
     """A negative or non-int bound, or a label that is not a function, is refused."""
     with pytest.raises(error, match=r"max_transactional_ids|label"):
         TransactionalIdLabels(**kwargs)
+
+
+@pytest.mark.guarantee("8.2")
+@pytest.mark.parametrize("result", [None, 7, b"orders"])
+def test_a_label_function_that_returns_no_str_is_named(result: object) -> None:
+    """A label function returning None (or any non-str) raises TypeError naming its
+    result and the id, rather than a label "None"; nothing is kept for it."""
+    labels = TransactionalIdLabels(1, lambda tid: result)  # type: ignore[arg-type, return-value]
+    with pytest.raises(TypeError, match=re.escape(f"returned {result!r}")) as info:
+        labels("orders-0")
+    assert "'orders-0'" in str(info.value) and "must return a str" in str(info.value)
+    assert TransactionalIdLabels(1, lambda tid: "ok")("orders-0") == "ok"
+
+
+@pytest.mark.guarantee("8.2")
+def test_a_bad_label_is_raised_once_the_transaction_has_ended(
+    producer_config: dict[str, Any], topic: str
+) -> None:
+    """With a label function returning None, commit_transaction() raises the TypeError
+    after the commit: the transaction stays committed and the producer ready."""
+    metrics = PrometheusMetrics(CollectorRegistry(), transactional_id_label=lambda tid: None)  # type: ignore[arg-type, return-value]
+    with TransactionalProducer(producer_config, metrics=metrics) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.produce(topic, b"x")
+        with pytest.raises(TypeError, match="returned None"):
+            p.commit_transaction()
+        assert p.state == "ready"

@@ -84,6 +84,11 @@ class Sends:
         # under the GIL; one list costs less per record than a lock or two counters.
         # The producer appends and pops itself.
         self.under_way: list[None] = [None] * _PADDING
+        self.defer_full_queue = False
+        """True: a full queue raises librdkafka's ``BufferError`` out of produce()/send()
+        at once, unrecorded, for the caller to wait for room its own way and try again
+        (``kafka_txn.aio``, whose event loop must not block); ``queue_full`` records the
+        failure once it gives up."""
 
     def serialize(self, topic: str, key: Any, value: Any, headers: Any) -> tuple[Any, Any]:
         field = MessageField.KEY
@@ -153,16 +158,12 @@ class Sends:
         ``check_topic`` refused is recorded already: its failure is raised as it is."""
         if isinstance(exc, ProduceFailedException):
             raise exc
+        if self.defer_full_queue and isinstance(exc, BufferError):
+            raise exc
         deadline = time.monotonic() + self._queue_full_timeout
         while isinstance(exc, BufferError):
             if time.monotonic() >= deadline:
-                err = KafkaError(
-                    KafkaError._QUEUE_FULL,
-                    f"local queue still full after {self._queue_full_timeout:g}s",
-                )
-                failure = produce_failure(err, topic, partition, key)
-                self._deliveries.record_failure(failure)
-                raise failure from None
+                raise self.queue_full(topic, partition, key) from None
             self._io.poll(0.05)
             try:
                 self._io.produce(topic, value, key, partition, cb, None, timestamp, headers)
@@ -178,6 +179,17 @@ class Sends:
         if isinstance(exc, TypeError):
             raise self.type_error(exc, key, value, failure) from None
         raise failure from exc
+
+    def queue_full(self, topic: str, partition: int, key: Any) -> ProduceFailedException:
+        """The failure of a record that found no room in librdkafka's queue within
+        ``queue_full_timeout``: recorded (the transaction cannot commit without it) and
+        returned for the send to raise."""
+        err = KafkaError(
+            KafkaError._QUEUE_FULL, f"local queue still full after {self._queue_full_timeout:g}s"
+        )
+        failure = produce_failure(err, topic, partition, key)
+        self._deliveries.record_failure(failure)
+        return failure
 
     def sync_failure(
         self, exc: KafkaException, topic: str, partition: int, key: Any, value: Any = None

@@ -1,0 +1,580 @@
+"""``AsyncTransactionalProducer``: ``TransactionalProducer`` for asyncio applications.
+
+It is a ``TransactionalProducer`` (the same lifecycle table, error classes and
+guarantees: the sync producer is its core, not a copy) whose blocking calls run on a
+thread of its own (``bridge.SerialWorker``), one at a time, in the order they were
+awaited, and whose callbacks (delivery reports, ``error_cb``, ``stats_cb``, ``logger``)
+run on the event loop (``bridge.LoopCalls``), never on librdkafka's threads. A thread
+polls librdkafka for delivery reports while the producer is open.
+
+A send never blocks the loop: librdkafka's ``produce()`` only queues the record; when its
+queue is full, the send waits for room with ``await`` (up to ``queue_full_timeout``), not
+in librdkafka.
+
+Cancellation (``asyncio.CancelledError``: a task cancelled, ``asyncio.timeout()``
+expiring) of a call: a call still waiting for its turn behind another never runs; a
+call already running in librdkafka cannot be interrupted and runs to its end, and the
+next call waits for it. What each call then does:
+
+- ``init_transactions``: calling it again adopts the outcome of the cancelled one (if that
+  succeeded, it returns at once), or runs it again.
+- ``begin_transaction``: undone: a transaction it began is aborted (nothing was sent in it).
+- ``prepare_transaction``: undone: the transaction is aborted, since its state never
+  reached the caller, so nobody can have stored the decision to commit it.
+- ``commit_transaction``, ``complete_transaction``: run on, never aborted (the commit may
+  have reached the coordinator); ``state`` then says how it ended, and a log line of
+  ``kafka_txn.aio`` too.
+- ``abort_transaction``, ``close``: run on.
+- ``send_offsets_to_transaction``: the transaction cannot commit any more (whether the
+  offsets are in it is unknown to the caller): abort it.
+- ``send``/``produce`` waiting for room in a full queue: the record was not queued, and
+  the transaction cannot commit without it (as a record that found no room in time).
+- waiting on a ``send()``'s future: only the wait ends; the record stays in the
+  transaction.
+- ``async with producer.transaction()``: a body cancelled is aborted, as any exception; a
+  commit cancelled runs on, with the same end as the sync ``transaction()`` (a commit that
+  fails with ``CommitFailedException`` is aborted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from kafka_txn.aio.bridge import LoopCalls, SerialWorker
+from kafka_txn.classification import produce_failure
+from kafka_txn.config import ProducerSettings
+from kafka_txn.errors import ProduceFailedException
+from kafka_txn.metrics import MetricsHook
+from kafka_txn.producer import arguments
+from kafka_txn.producer.lifecycle import State
+from kafka_txn.producer.sending import Serializer
+from kafka_txn.producer.transactional import TransactionalProducer
+from kafka_txn.state import PreparedTxnState
+from kafka_txn.tracing import Tracing
+from kafka_txn.twophase.recovery import TransactionOutcome
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+__all__ = ["AsyncTransactionalProducer"]
+
+log = logging.getLogger("kafka_txn.aio")
+
+T = TypeVar("T")
+
+AsyncDeliveryCallback = Callable[[ProduceFailedException | None, Message], Any]
+"""``produce(on_delivery=...)``: called on the event loop with the record's failure (or
+None) and its ``Message``."""
+
+_LOOP_CALLBACKS = ("on_delivery", "error_cb", "stats_cb", "throttle_cb")
+"""Config callbacks run on the event loop. ``oauth_cb`` is not one of them: librdkafka
+waits for its return value, on its own thread."""
+
+_POLL_SLICE = 0.1
+"""How long one poll of the polling thread waits for a report (it returns at the first)."""
+
+_ROOM_WAITS = (0.001, 0.005, 0.02, 0.05)
+"""The pauses of a send waiting for room in a full queue, growing to the last."""
+
+_UNDO_STATES = frozenset({State.IN_TRANSACTION, State.ABORTABLE, State.PREPARED})
+
+
+class _LoopLogger:
+    """A ``logger`` for librdkafka's log lines whose ``log()`` runs on the event loop."""
+
+    def __init__(self, logger: Any, calls: LoopCalls) -> None:
+        self._logger = logger
+        self._calls = calls
+
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        self._calls.call(self._logger.log, level, msg, *args)
+
+
+class _Settle:
+    """A send's delivery report, handed to the event loop to settle its future."""
+
+    __slots__ = ("_calls", "_future")
+
+    def __init__(self, future: asyncio.Future[Message], calls: LoopCalls) -> None:
+        self._future = future
+        self._calls = calls
+
+    def __call__(self, failure: ProduceFailedException | None, msg: Message) -> None:
+        self._calls.call(_settle, self._future, failure, msg)
+
+
+def _settle(
+    future: asyncio.Future[Message], failure: ProduceFailedException | None, msg: Message
+) -> None:
+    if future.done():  # the waiter was cancelled: the record is in the transaction all the same
+        return
+    if failure is None:
+        future.set_result(msg)
+    else:
+        future.set_exception(failure)
+        # The failure is the transaction's too (the commit raises it): a future nobody
+        # awaits must not also log "exception was never retrieved".
+        future.exception()
+
+
+class AsyncTransactionalProducer:
+    """A transactional producer for asyncio: ``TransactionalProducer``'s calls, awaitable.
+
+    Arguments as for ``TransactionalProducer``. Create it inside a running event loop
+    (in a coroutine: a FastAPI lifespan, ``asyncio.run(main())``); callbacks given in
+    ``config`` (``on_delivery``, ``error_cb``, ``stats_cb``, ``throttle_cb``, ``logger``)
+    run on that loop. ``async with AsyncTransactionalProducer(...) as producer:`` closes
+    it at the end.
+
+    Several tasks may send at once; the transactional calls run one at a time, in the
+    order they were awaited. What cancelling each call does is in the module docstring
+    and in docs/guarantees.md.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | ProducerSettings,
+        *,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
+        operation_timeout: float | None = None,
+        queue_full_timeout: float = 60.0,
+        prepare_min_time_left: float | None = None,
+        metrics: MetricsHook | None = None,
+        tracing: Tracing | TracerProvider | None = None,
+    ) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "AsyncTransactionalProducer must be created inside a running event loop: "
+                "create it in a coroutine (asyncio.run(main()), a FastAPI lifespan)"
+            ) from None
+        conf = config.to_librdkafka() if isinstance(config, ProducerSettings) else config
+        if not isinstance(conf, Mapping):
+            raise TypeError(
+                "AsyncTransactionalProducer(config) must be a dict of librdkafka settings "
+                f"or a ProducerSettings, got {type(config).__name__}"
+            )
+        self._calls = LoopCalls(loop, self._callback_failed)
+        self._sync = TransactionalProducer(
+            self._on_loop(conf),
+            key_serializer=key_serializer,
+            value_serializer=value_serializer,
+            operation_timeout=operation_timeout,
+            queue_full_timeout=queue_full_timeout,
+            prepare_min_time_left=prepare_min_time_left,
+            metrics=metrics,
+            tracing=tracing,
+        )
+        self._queue_full_timeout = queue_full_timeout  # checked by TransactionalProducer
+        self._sync._sends.defer_full_queue = True  # the wait for room is awaited (send)
+        self.transactional_id = self._sync.transactional_id
+        self._worker = SerialWorker(f"kafka-txn-{self.transactional_id}")
+        self._cancelled_init: concurrent.futures.Future[None] | None = None
+        self._turn = asyncio.Lock()
+        """transaction()'s: one at a time, tasks in the order they came."""
+        self._polling = threading.Event()
+        self._polling.set()
+        self._poller = threading.Thread(
+            target=self._poll_reports, name=f"kafka-txn-poll-{self.transactional_id}", daemon=True
+        )
+        self._poller.start()
+
+    # ------------------------------------------------------------------ plumbing
+    def _on_loop(self, conf: Mapping[str, Any]) -> dict[str, Any]:
+        """``conf`` with its callbacks and logger made to run on the event loop."""
+        calls = self._calls
+        moved = dict(conf)
+        for key in _LOOP_CALLBACKS:
+            cb = moved.get(key)
+            if callable(cb):
+                moved[key] = _hop(cb, calls)
+        logger = moved.get("logger")
+        if logger is not None and callable(getattr(logger, "log", None)):
+            moved["logger"] = _LoopLogger(logger, calls)
+        return moved
+
+    def _callback_failed(self, exc: BaseException) -> None:
+        """A callback raised on the loop: raised by the producer's next call, as the sync
+        producer raises a callback's exception after the call that served it."""
+        self._sync._deliveries.stash_callback_error(exc)
+
+    def _poll_reports(self) -> None:
+        """The polling thread: serves delivery reports and callbacks until close()."""
+        sync = self._sync
+        while self._polling.is_set():
+            try:
+                sync.poll(_POLL_SLICE)
+            except Exception:  # a callback's or a closed handle's: the next call sees it
+                if not self._polling.is_set():
+                    return
+                log.debug("poll of %r failed", self.transactional_id, exc_info=True)
+                time.sleep(_POLL_SLICE)
+
+    async def _run(
+        self,
+        call: str,
+        fn: Callable[..., T],
+        *args: Any,
+        on_cancel: Callable[[concurrent.futures.Future[T]], None] | None = None,
+    ) -> T:
+        """Run ``fn(*args)`` on the worker and await it. Cancelled before its turn, it
+        never runs; cancelled while it runs, it runs on, and ``on_cancel(job)`` is called
+        at once (it may submit a job, which runs right after this one)."""
+        job = self._worker.submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            if not job.cancel():  # it is running, or ran
+                job.add_done_callback(_log_outcome(call, self.transactional_id))
+                if on_cancel is not None:
+                    on_cancel(job)
+            raise
+
+    async def _finish(self, call: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the worker, to its end even if the caller is cancelled
+        (the end of a transaction: a commit, an abort)."""
+        job = self._worker.submit(fn, *args)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(job))
+        except asyncio.CancelledError:
+            job.add_done_callback(_log_outcome(call, self.transactional_id))
+            raise
+
+    def _undo(self, undone: str) -> Callable[[concurrent.futures.Future[Any]], None]:
+        """``on_cancel`` of a call whose effect is undone: once it has ended, the
+        transaction it began or prepared is aborted (on the worker, next)."""
+
+        def undo(job: concurrent.futures.Future[Any]) -> None:
+            def abort() -> None:
+                if job.cancelled() or self._sync._life.state not in _UNDO_STATES:
+                    return
+                if undone == "begin_transaction" and job.exception() is not None:
+                    return  # it began nothing (another transaction may be open)
+                try:
+                    self._sync.abort_transaction()
+                except Exception:
+                    log.warning(
+                        "%s() of %r was cancelled; aborting what it left failed",
+                        undone, self.transactional_id, exc_info=True,
+                    )  # fmt: skip
+
+            self._worker.submit(abort)
+
+        return undo
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def state(self) -> str:
+        """The lifecycle's current state (``kafka_txn.producer.lifecycle.State`` value)."""
+        return self._sync.state
+
+    @property
+    def in_transaction(self) -> bool:
+        """True between ``begin_transaction()`` and a successful commit or abort."""
+        return self._sync.in_transaction
+
+    def __len__(self) -> int:
+        """Records queued or in flight."""
+        return len(self._sync)
+
+    def __repr__(self) -> str:
+        return f"<AsyncTransactionalProducer {self.transactional_id!r} {self.state}>"
+
+    # ------------------------------------------------------------------ transactions
+    async def init_transactions(
+        self, timeout: float | None = None, *, keep_prepared_txn: bool = False
+    ) -> None:
+        """``TransactionalProducer.init_transactions``. Cancelled, it can be called again:
+        that call returns at once if the cancelled one succeeded, or runs it again."""
+        timeout = arguments.timeout(timeout, "init_transactions")
+        arguments.flag(keep_prepared_txn, "init_transactions", "keep_prepared_txn")
+        cancelled, self._cancelled_init = self._cancelled_init, None
+
+        def init() -> None:
+            adopted = cancelled is not None and not cancelled.cancelled()
+            if adopted and cancelled.exception() is None:  # type: ignore[union-attr]
+                return  # the cancelled call initialised the producer
+            self._sync.init_transactions(timeout, keep_prepared_txn=keep_prepared_txn)
+
+        def remember(job: concurrent.futures.Future[None]) -> None:
+            self._cancelled_init = job
+
+        await self._run("init_transactions", init, on_cancel=remember)
+
+    async def begin_transaction(self) -> None:
+        """``TransactionalProducer.begin_transaction``. Cancelled, a transaction it began
+        is aborted."""
+        await self._run(
+            "begin_transaction",
+            self._sync.begin_transaction,
+            on_cancel=self._undo("begin_transaction"),
+        )
+
+    async def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        on_delivery: AsyncDeliveryCallback | None = None,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> None:
+        """Send one record in the open transaction; ``on_delivery(failure, message)``
+        runs on the event loop. Returns once the record is queued (at once, unless the
+        queue is full); raises as ``TransactionalProducer.produce``."""
+        cb = None if on_delivery is None else _hop(on_delivery, self._calls)
+        try:
+            self._sync.produce(topic, value, key, partition, cb, timestamp, headers)
+        except BufferError:
+            await self._wait_for_room(topic, value, key, partition, cb, timestamp, headers)
+
+    async def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> asyncio.Future[Message]:
+        """Send one record in the open transaction; returns, once it is queued, a future
+        of its delivered ``Message`` (or its ``ProduceFailedException``), settled on the
+        event loop. ``await (await producer.send(...))`` waits for the delivery."""
+        future: asyncio.Future[Message] = self._calls.loop.create_future()
+        cb = _Settle(future, self._calls)
+        try:
+            self._sync.produce(topic, value, key, partition, cb, timestamp, headers)
+        except BufferError:
+            await self._wait_for_room(topic, value, key, partition, cb, timestamp, headers)
+        return future
+
+    async def send_and_wait(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> Message:
+        """``send()``, then wait for the delivery: the delivered ``Message``."""
+        return await (await self.send(topic, value, key, partition, timestamp, headers))
+
+    async def _wait_for_room(self, topic: str, *args: Any) -> None:
+        """The queue was full: try again after growing pauses, the polling thread serving
+        reports meanwhile, until ``queue_full_timeout``; then the record fails as in the
+        sync producer. Cancelled, the record was not queued and the transaction cannot
+        commit without it."""
+        sync = self._sync
+        deadline = time.monotonic() + self._queue_full_timeout
+        attempt = 0
+        try:
+            while True:
+                await asyncio.sleep(_ROOM_WAITS[min(attempt, len(_ROOM_WAITS) - 1)])
+                attempt += 1
+                try:
+                    sync.produce(topic, *args)
+                    return
+                except BufferError:
+                    if time.monotonic() >= deadline:
+                        partition, key = args[2], args[1]
+                        raise sync._sends.queue_full(topic, partition, key) from None
+        except asyncio.CancelledError:
+            err = KafkaError(
+                KafkaError._INTR,
+                "a send waiting for room in the full queue was cancelled: the record was "
+                "not sent, so this transaction cannot commit; abort it",
+            )
+            key = args[1] if isinstance(args[1], (bytes, str)) else None
+            sync._deliveries.record_failure(produce_failure(err, topic, args[2], key))
+            raise
+
+    async def send_offsets_to_transaction(
+        self,
+        offsets: Sequence[TopicPartition],
+        group_metadata: Any,
+        timeout: float | None = None,
+    ) -> None:
+        """``TransactionalProducer.send_offsets_to_transaction``. Cancelled while it runs,
+        the transaction cannot commit (the caller cannot know whether the offsets are in
+        it): abort it."""
+        arguments.offsets(offsets, "send_offsets_to_transaction")
+
+        def poison(job: concurrent.futures.Future[None]) -> None:
+            err = KafkaError(
+                KafkaError._INTR,
+                "send_offsets_to_transaction() was cancelled: whether the offsets are in "
+                "this transaction is unknown, so it cannot commit; abort it",
+            )
+            self._sync._deliveries.record_failure(produce_failure(err, None, None, None))
+
+        await self._run(
+            "send_offsets_to_transaction",
+            self._sync.send_offsets_to_transaction,
+            offsets,
+            group_metadata,
+            timeout,
+            on_cancel=poison,
+        )
+
+    async def commit_transaction(self, timeout: float | None = None) -> None:
+        """``TransactionalProducer.commit_transaction``. Cancelled while it runs, it runs
+        on and is never aborted."""
+        await self._run("commit_transaction", self._sync.commit_transaction, timeout)
+
+    async def abort_transaction(self, timeout: float | None = None) -> None:
+        """``TransactionalProducer.abort_transaction``."""
+        await self._run("abort_transaction", self._sync.abort_transaction, timeout)
+
+    async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """``TransactionalProducer.prepare_transaction``. Cancelled, the transaction is
+        aborted: its state never reached the caller."""
+        return await self._run(
+            "prepare_transaction",
+            self._sync.prepare_transaction,
+            timeout,
+            on_cancel=self._undo("prepare_transaction"),
+        )
+
+    async def complete_transaction(
+        self,
+        state: PreparedTxnState | str,
+        *,
+        before_init: Callable[[TransactionOutcome], Awaitable[None] | None] | None = None,
+        timeout: float | None = None,
+    ) -> TransactionOutcome:
+        """``TransactionalProducer.complete_transaction``; ``before_init`` may be a
+        coroutine function (it then runs on the event loop while the call waits for it).
+        Cancelled while it runs, it runs on (a commit is never aborted)."""
+        arguments.prepared_state(state, "complete_transaction")
+        arguments.callback(before_init, "complete_transaction", "before_init")
+        hook = None if before_init is None else self._blocking(before_init)
+        return await self._run(
+            "complete_transaction",
+            lambda: self._sync.complete_transaction(state, before_init=hook, timeout=timeout),
+        )
+
+    def _blocking(
+        self, fn: Callable[[TransactionOutcome], Awaitable[None] | None]
+    ) -> Callable[[TransactionOutcome], None]:
+        """``fn`` callable from the worker: a coroutine it returns runs on the loop, and
+        the worker waits for it."""
+        loop = self._calls.loop
+
+        def call(outcome: TransactionOutcome) -> None:
+            result = fn(outcome)
+            if inspect.isawaitable(result):
+                asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+
+        return call
+
+    async def flush(self, timeout: float | None = None) -> int:
+        """Wait until every queued record is delivered or failed; returns how many are
+        still queued after ``timeout`` seconds (None: no limit). The polling thread
+        serves the reports; cancelling the wait cancels nothing else."""
+        timeout = arguments.wait(timeout, "flush", none="no limit")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sync = self._sync
+        while len(sync) > 0:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.002)
+        return len(sync)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """``TransactionalProducer.close``, then the polling thread and the worker end.
+        Cancelled, it runs on."""
+        checked = arguments.wait(timeout, "close")
+        assert checked is not None
+        await self._finish("close", self._close, checked)
+
+    def _close(self, timeout: float, *, abort_open: bool = True) -> None:
+        self._polling.clear()
+        if self._poller.is_alive() and self._poller is not threading.current_thread():
+            self._poller.join()
+        try:
+            self._sync._close(timeout, abort_open=abort_open)
+        finally:
+            self._worker.shutdown()
+
+    async def __aenter__(self) -> AsyncTransactionalProducer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncTransactionalProducer]:
+        """``async with producer.transaction():`` begins, commits on success, and aborts
+        on an exception, cancellation included (re-raised); a ``CommitFailedException``
+        is raised after the abort. Tasks entering it at once take turns (one
+        transaction at a time), in the order they came. The sync producer's
+        ``transaction()`` runs on the worker, its body here."""
+        async with self._turn, self._scope() as producer:
+            yield producer
+
+    @asynccontextmanager
+    async def _scope(self) -> AsyncIterator[AsyncTransactionalProducer]:
+        scope = self._sync.transaction()
+        await self._run(
+            "begin_transaction", scope.__enter__, on_cancel=self._undo("begin_transaction")
+        )
+        try:
+            yield self
+        except BaseException as exc:
+            # The sync scope aborts and re-raises ``exc`` (its __exit__ then returns
+            # False), or raises what the abort raised.
+            await self._finish("abort_transaction", scope.__exit__, type(exc), exc, None)
+            raise
+        await self._finish("commit_transaction", scope.__exit__, None, None, None)
+
+    # ------------------------------------------------------------------ for AsyncDualWriter
+    def _call_blocking(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        """Submit ``fn(*args)`` to this producer's worker (``kafka_txn.aio.dualwrite``)."""
+        return self._worker.submit(fn, *args)
+
+
+def _hop(cb: Callable[..., Any], calls: LoopCalls) -> Callable[..., None]:
+    """``cb`` run on the event loop instead of the calling thread."""
+
+    def on_loop(*args: Any) -> None:
+        calls.call(cb, *args)
+
+    return on_loop
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _log_outcome(
+    call: str, transactional_id: str
+) -> Callable[[concurrent.futures.Future[Any]], None]:
+    """A done callback: how a call whose caller was cancelled ended, logged."""
+
+    def logged(job: concurrent.futures.Future[Any]) -> None:
+        if job.cancelled():
+            return
+        exc = job.exception()
+        if exc is None:
+            log.info("%s() of %r, whose caller was cancelled, succeeded", call, transactional_id)
+        else:
+            log.warning(
+                "%s() of %r, whose caller was cancelled, raised %s: %s",
+                call, transactional_id, type(exc).__name__, exc,
+            )  # fmt: skip
+
+    return logged

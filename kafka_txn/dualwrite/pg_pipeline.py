@@ -54,8 +54,10 @@ _STEP = "kafka_txn_pipeline"
 
 def pipelining(engine: Engine) -> bool:
     """Whether ``engine`` is PostgreSQL through psycopg 3 with pipeline mode; installs
-    the hooks on it (once) if so."""
-    if engine.dialect.name != "postgresql" or engine.dialect.driver != "psycopg":
+    the hooks on it (once) if so. Not through psycopg's async mode (``AsyncDualWriter``),
+    whose cursors SQLAlchemy adapts: each statement there is one round trip awaited."""
+    dialect = engine.dialect
+    if dialect.name != "postgresql" or dialect.driver != "psycopg" or dialect.is_async:
         return False
     psycopg = engine.dialect.dbapi  # the driver module SQLAlchemy loaded
     pipeline = getattr(psycopg, "Pipeline", None)

@@ -177,7 +177,7 @@ class DualWriter(_Startup, _FailurePaths):
             validate_identifier(name, what)
         self._create = create_state_table
         self._on_step = on_step
-        self.producer = TransactionalProducer(  # validates conf
+        self.producer = self._new_producer(  # validates conf
             conf,
             key_serializer=key_serializer,
             value_serializer=value_serializer,
@@ -220,6 +220,11 @@ class DualWriter(_Startup, _FailurePaths):
         first transaction that commits to replace, with the re-sent records."""
         self._after_settle: Callable[[], None] | None = None
         """Test hook: called in start() between the settle commit and the fence."""
+
+    def _new_producer(self, conf: dict[str, Any], **kwargs: Any) -> TransactionalProducer:
+        """The writer's producer, from its config and ``TransactionalProducer``'s keyword
+        arguments (``kafka_txn.aio.dualwrite`` gives its writer an awaiting one)."""
+        return TransactionalProducer(conf, **kwargs)
 
     @property
     def lock_timeout(self) -> float | None:

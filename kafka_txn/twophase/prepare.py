@@ -230,9 +230,23 @@ class TwoPhase:
             await_sends(deadline)
             left, early = self._flush_describing(deadline)
             flushed_at = time.monotonic()
-            first_failure = self._deliveries.first_failure
+            deliveries = self._deliveries
+            first_failure = deliveries.first_failure
             if first_failure is not None:
                 raise prepare_failed(f"a record failed: {first_failure}", first_failure)
+            if deliveries.failed_records or deliveries.librdkafka_failed:
+                # Only purged records failed: librdkafka's own transaction failed and it
+                # dropped them, not an abort of ours. After a batch the broker refused,
+                # librdkafka fails the next transaction so (its sequence numbers are out
+                # of step: OUT_OF_ORDER_SEQUENCE_NUMBER, "requires epoch bump",
+                # rd_kafka_handle_Produce_error) and flush() still returns 0; the
+                # coordinator may show the transaction open all the same. Handing out a
+                # state would let a decider commit a transaction without its records.
+                raise prepare_failed(
+                    f"librdkafka's own transaction failed ({deliveries.failed_records} "
+                    "records dropped; after a batch the broker refused, it fails the "
+                    "next transaction so, once)"
+                )
             if left:
                 raise prepare_failed(f"{left} records still undelivered")
             pid, epoch, early = self._identify(early, deadline)

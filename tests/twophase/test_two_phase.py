@@ -8,6 +8,7 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from kafka_txn import (
     IllegalStateError,
@@ -235,3 +236,39 @@ def _committed_transaction(
     state = producer.prepare_transaction()
     assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
     return state
+
+
+@pytest.mark.guarantee("2.1")
+def test_prepare_refuses_a_transaction_whose_records_librdkafka_dropped(broker, producer):
+    """After a transaction whose batch the broker refused (larger than the topic's
+    max.message.bytes), librdkafka fails the next transaction once: it drops that
+    transaction's records (_PURGE_QUEUE; OUT_OF_ORDER_SEQUENCE_NUMBER, "requires epoch
+    bump") while flush() returns 0 and the coordinator may show the transaction open.
+    prepare_transaction() refuses it (TransactionAbortableError) rather than hand out a
+    state a decider could commit without its records; aborted and retried, the record
+    is committed once, as kafka-python read_committed shows."""
+    topic = broker.create_topic(partitions=1)
+    admin = broker.admin()  # must outlive its futures
+    entry = ConfigEntry("max.message.bytes", "2000", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource("topic", topic, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    producer.begin_transaction()
+    producer.produce(topic, b"x" * 20_000)  # under the client's message.max.bytes
+    with pytest.raises(TransactionAbortableError, match=r"MESSAGE_REJECTED|too large"):
+        producer.prepare_transaction()
+    producer.abort_transaction()
+    outcomes = []
+    for _ in range(3):
+        producer.begin_transaction()
+        producer.produce(topic, b"small")
+        try:
+            state = producer.prepare_transaction()
+        except TransactionAbortableError:
+            producer.abort_transaction()
+            outcomes.append("refused")
+            continue
+        assert producer.complete_transaction(state) is TransactionOutcome.COMMITTED
+        outcomes.append("committed")
+        break
+    assert outcomes in (["committed"], ["refused", "committed"]), outcomes
+    assert broker.read_committed(topic, expected=1, linger=0.5) == [(None, b"small")]

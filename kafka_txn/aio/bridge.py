@@ -43,14 +43,17 @@ class SerialWorker:
     def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         """``fn(*args)`` after the calls submitted before. After ``shutdown()`` (the
         producer is closed, where every call refuses at once or returns), it runs here."""
-        if self._closed:
-            done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if not self._closed:
             try:
-                done.set_result(fn(*args))
-            except BaseException as exc:
-                done.set_exception(exc)
-            return done
-        return self._pool.submit(self._run, fn, *args)
+                return self._pool.submit(self._run, fn, *args)
+            except RuntimeError:  # shut down since the check, by the job that closed
+                pass
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+        return done
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
         self._thread_ids.add(threading.get_ident())
@@ -62,9 +65,12 @@ class SerialWorker:
         return threading.get_ident() in self._thread_ids
 
     def shutdown(self) -> None:
-        """No more calls; the one running finishes (not waited for here)."""
+        """No more calls; the one running finishes (not waited for here), and so do the
+        calls already waiting for their turn: they find the producer closed and refuse
+        (IllegalStateError), as a call made after close() does. Cancelling them instead
+        would raise CancelledError in tasks nobody cancelled."""
         self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=False)
 
 
 class LoopCalls:

@@ -5,7 +5,10 @@ guarantees: the sync producer is its core, not a copy) whose blocking calls run 
 thread of its own (``bridge.SerialWorker``), one at a time, in the order they were
 awaited, and whose callbacks (delivery reports, ``error_cb``, ``stats_cb``, ``logger``)
 run on the event loop (``bridge.LoopCalls``), never on librdkafka's threads. A thread
-polls librdkafka for delivery reports while the producer is open.
+polls librdkafka for delivery reports while the producer is open. An exception a
+callback raises is raised, as by the sync producer, by the call that served the
+callback once that call succeeded (init, commit, abort, complete, close; a note says
+so), or else by the next transactional call or ``flush()``.
 
 A send never blocks the loop: librdkafka's ``produce()`` only queues the record; when its
 queue is full, the send waits for room with ``await`` (up to ``queue_full_timeout``), not
@@ -24,16 +27,20 @@ next call waits for it. What each call then does:
 - ``commit_transaction``, ``complete_transaction``: run on, never aborted (the commit may
   have reached the coordinator); ``state`` then says how it ended, and a log line of
   ``kafka_txn.aio`` too.
-- ``abort_transaction``, ``close``: run on.
+- ``abort_transaction``: runs on.
+- ``close``: runs on, also when cancelled while it waits for its turn: a producer whose
+  close was called ends closed.
 - ``send_offsets_to_transaction``: the transaction cannot commit any more (whether the
   offsets are in it is unknown to the caller): abort it.
 - ``send``/``produce`` waiting for room in a full queue: the record was not queued, and
   the transaction cannot commit without it (as a record that found no room in time).
 - waiting on a ``send()``'s future: only the wait ends; the record stays in the
   transaction.
-- ``async with producer.transaction()``: a body cancelled is aborted, as any exception; a
-  commit cancelled runs on, with the same end as the sync ``transaction()`` (a commit that
-  fails with ``CommitFailedException`` is aborted).
+- ``async with producer.transaction()``: a body cancelled is aborted, as any exception,
+  and the CancelledError propagates (a callback's exception pending then is left to the
+  next call); its begin cancelled is undone as ``begin_transaction``'s; its commit
+  cancelled runs on (also while waiting for its turn), with the same end as the sync
+  ``transaction()`` (a commit that fails with ``CommitFailedException`` is aborted).
 """
 
 from __future__ import annotations
@@ -44,8 +51,9 @@ import inspect
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -56,6 +64,7 @@ from kafka_txn.config import ProducerSettings
 from kafka_txn.errors import ProduceFailedException
 from kafka_txn.metrics import MetricsHook
 from kafka_txn.producer import arguments
+from kafka_txn.producer.delivery import _add_note
 from kafka_txn.producer.lifecycle import State
 from kafka_txn.producer.sending import Serializer
 from kafka_txn.producer.transactional import TransactionalProducer
@@ -87,6 +96,19 @@ _ROOM_WAITS = (0.001, 0.005, 0.02, 0.05)
 """The pauses of a send waiting for room in a full queue, growing to the last."""
 
 _UNDO_STATES = frozenset({State.IN_TRANSACTION, State.ABORTABLE, State.PREPARED})
+
+_SURFACING = frozenset(
+    {
+        "init_transactions",
+        "commit_transaction",
+        "abort_transaction",
+        "complete_transaction",
+        "close",
+    }
+)
+"""The calls that raise a callback's exception once they succeeded, as the sync ones do
+(``Completion.raise_callback_error``: guarantee 1.7). The others raise one pending
+before they run, and nothing is done (the sync begin_transaction() does so)."""
 
 
 class _LoopLogger:
@@ -166,7 +188,11 @@ class AsyncTransactionalProducer:
                 "AsyncTransactionalProducer(config) must be a dict of librdkafka settings "
                 f"or a ProducerSettings, got {type(config).__name__}"
             )
-        self._calls = LoopCalls(loop, self._callback_failed)
+        self._callback_error: BaseException | None = None
+        """The first exception a callback raised on the loop, for the next call."""
+        # Through a weak reference: the sync producer's callbacks hold these calls, and
+        # must not keep this object alive (see the polling thread below).
+        self._calls = LoopCalls(loop, _weakly(self._callback_failed))
         self._sync = TransactionalProducer(
             self._on_loop(conf),
             key_serializer=key_serializer,
@@ -181,15 +207,24 @@ class AsyncTransactionalProducer:
         self._sync._sends.defer_full_queue = True  # the wait for room is awaited (send)
         self.transactional_id = self._sync.transactional_id
         self._worker = SerialWorker(f"kafka-txn-{self.transactional_id}")
-        self._cancelled_init: concurrent.futures.Future[None] | None = None
+        self._cancelled_init: tuple[concurrent.futures.Future[None], bool] | None = None
+        """An init_transactions() whose caller was cancelled while it ran, and its
+        keep_prepared_txn: the next init_transactions() adopts its success."""
         self._turn = asyncio.Lock()
         """transaction()'s: one at a time, tasks in the order they came."""
         self._polling = threading.Event()
         self._polling.set()
+        # The thread holds the sync producer, never this object: a producer dropped
+        # without close() is collected, and its finalizer stops the thread (which then
+        # lets librdkafka's handle go), as a dropped TransactionalProducer is.
         self._poller = threading.Thread(
-            target=self._poll_reports, name=f"kafka-txn-poll-{self.transactional_id}", daemon=True
+            target=_poll_reports,
+            args=(self._sync, self._polling),
+            name=f"kafka-txn-poll-{self.transactional_id}",
+            daemon=True,
         )
         self._poller.start()
+        weakref.finalize(self, self._polling.clear)
 
     # ------------------------------------------------------------------ plumbing
     def _on_loop(self, conf: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,21 +241,13 @@ class AsyncTransactionalProducer:
         return moved
 
     def _callback_failed(self, exc: BaseException) -> None:
-        """A callback raised on the loop: raised by the producer's next call, as the sync
-        producer raises a callback's exception after the call that served it."""
-        self._sync._deliveries.stash_callback_error(exc)
-
-    def _poll_reports(self) -> None:
-        """The polling thread: serves delivery reports and callbacks until close()."""
-        sync = self._sync
-        while self._polling.is_set():
-            try:
-                sync.poll(_POLL_SLICE)
-            except Exception:  # a callback's or a closed handle's: the next call sees it
-                if not self._polling.is_set():
-                    return
-                log.debug("poll of %r failed", self.transactional_id, exc_info=True)
-                time.sleep(_POLL_SLICE)
+        """A callback raised on the loop: the producer's next call raises it
+        (``_raise_callback_error``, ``_raise_pending``, ``flush``). Kept here, on the
+        loop, not in the sync producer's stash: a sync call running on the worker would
+        raise it or not depending on whether the loop ran the callback before the call
+        looked (a prepare would fail, or not, by a race); the first one wins."""
+        if self._callback_error is None:
+            self._callback_error = exc
 
     async def _run(
         self,
@@ -232,25 +259,62 @@ class AsyncTransactionalProducer:
         """Run ``fn(*args)`` on the worker and await it. Cancelled before its turn, it
         never runs; cancelled while it runs, it runs on, and ``on_cancel(job)`` is called
         at once (it may submit a job, which runs right after this one)."""
+        if call != "init_transactions":
+            self._cancelled_init = None  # another call came first: init is done with
+        if call not in _SURFACING:
+            self._raise_pending(call)
         job = self._worker.submit(fn, *args)
         try:
-            return await asyncio.wrap_future(job)
+            result = await asyncio.wrap_future(job)
         except asyncio.CancelledError:
             if not job.cancel():  # it is running, or ran
                 job.add_done_callback(_log_outcome(call, self.transactional_id))
                 if on_cancel is not None:
                     on_cancel(job)
             raise
+        self._raise_callback_error(call)
+        return result
 
-    async def _finish(self, call: str, fn: Callable[..., T], *args: Any) -> T:
+    async def _finish(self, call: str, fn: Callable[..., T], *args: Any, surface: bool = True) -> T:
         """Run ``fn(*args)`` on the worker, to its end even if the caller is cancelled
-        (the end of a transaction: a commit, an abort)."""
+        (the end of a transaction: a commit, an abort). ``surface=False``: a callback's
+        exception stays pending (for the abort of a cancelled body, whose
+        CancelledError must propagate)."""
         job = self._worker.submit(fn, *args)
         try:
-            return await asyncio.shield(asyncio.wrap_future(job))
+            result = await asyncio.shield(asyncio.wrap_future(job))
         except asyncio.CancelledError:
             job.add_done_callback(_log_outcome(call, self.transactional_id))
             raise
+        if surface:
+            self._raise_callback_error(call)
+        return result
+
+    def _raise_callback_error(self, call: str) -> None:
+        """Once ``call`` succeeded, raise what a callback raised on the loop before or
+        while it ran, with a note that ``call`` succeeded, if ``call`` is one of
+        ``_SURFACING`` (as the sync call that served the callback raises it: guarantee
+        1.7). The loop has run every callback the call served before it resumes the
+        caller: ``LoopCalls`` handed them to the loop (``call_soon_threadsafe``) before
+        the worker handed over the call's result. Any other call (prepare, whose state
+        must reach the caller) leaves it to the next call."""
+        if call in _SURFACING and self._callback_error is not None:
+            self._raise_pending(call, done=True)
+
+    def _raise_pending(self, call: str, *, done: bool = False) -> None:
+        """Raise the pending callback exception, if any, itself (never wrapped), with a
+        note: ``call`` succeeded (``done``), or ``call`` did nothing."""
+        exc, self._callback_error = self._callback_error, None
+        if exc is None:
+            return
+        state = self._sync._life.state.value
+        did = f"{call}() succeeded" if done else f"{call}() did nothing"
+        _add_note(
+            exc,
+            f"kafka-txn: this exception was raised by your callback; {did} (the producer "
+            f"is now '{state}')" + (": do not retry or undo it" if call in _SURFACING else ""),
+        )
+        raise exc
 
     def _undo(self, undone: str) -> Callable[[concurrent.futures.Future[Any]], None]:
         """``on_cancel`` of a call whose effect is undone: once it has ended, the
@@ -300,16 +364,23 @@ class AsyncTransactionalProducer:
         that call returns at once if the cancelled one succeeded, or runs it again."""
         timeout = arguments.timeout(timeout, "init_transactions")
         arguments.flag(keep_prepared_txn, "init_transactions", "keep_prepared_txn")
-        cancelled, self._cancelled_init = self._cancelled_init, None
 
         def init() -> None:
-            adopted = cancelled is not None and not cancelled.cancelled()
-            if adopted and cancelled.exception() is None:  # type: ignore[union-attr]
+            # Taken here, on the worker, once the cancelled call has ended (the worker
+            # runs calls in order), not when this call is made: a call cancelled before
+            # its turn never gets here and leaves the cancelled one to the next call.
+            cancelled, self._cancelled_init = self._cancelled_init, None
+            if (
+                cancelled is not None
+                and cancelled[1] == keep_prepared_txn
+                and not cancelled[0].cancelled()
+                and cancelled[0].exception() is None
+            ):
                 return  # the cancelled call initialised the producer
             self._sync.init_transactions(timeout, keep_prepared_txn=keep_prepared_txn)
 
         def remember(job: concurrent.futures.Future[None]) -> None:
-            self._cancelled_init = job
+            self._cancelled_init = (job, keep_prepared_txn)
 
         await self._run("init_transactions", init, on_cancel=remember)
 
@@ -335,7 +406,9 @@ class AsyncTransactionalProducer:
         """Send one record in the open transaction; ``on_delivery(failure, message)``
         runs on the event loop. Returns once the record is queued (at once, unless the
         queue is full); raises as ``TransactionalProducer.produce``."""
-        cb = None if on_delivery is None else _hop(on_delivery, self._calls)
+        # One that is not callable goes as it is: the sync produce() refuses it
+        # (TypeError) before queuing the record; wrapped, it would fail only on the loop.
+        cb = _hop(on_delivery, self._calls) if callable(on_delivery) else on_delivery
         try:
             self._sync.produce(topic, value, key, partition, cb, timestamp, headers)
         except BufferError:
@@ -353,6 +426,8 @@ class AsyncTransactionalProducer:
         """Send one record in the open transaction; returns, once it is queued, a future
         of its delivered ``Message`` (or its ``ProduceFailedException``), settled on the
         event loop. ``await (await producer.send(...))`` waits for the delivery."""
+        if self._sync._life.state is not State.IN_TRANSACTION:
+            self._sync._life.refuse_send("send")  # the sync produce() would say produce()
         future: asyncio.Future[Message] = self._calls.loop.create_future()
         cb = _Settle(future, self._calls)
         try:
@@ -488,10 +563,14 @@ class AsyncTransactionalProducer:
         timeout = arguments.wait(timeout, "flush", none="no limit")
         deadline = None if timeout is None else time.monotonic() + timeout
         sync = self._sync
+        sync._life.raise_if_dead("flush")
         while len(sync) > 0:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.002)
+        # As the sync flush(): a callback's exception, then a fatal error, is raised.
+        self._raise_pending("flush", done=True)
+        sync._life.raise_if_dead("flush")
         return len(sync)
 
     async def close(self, timeout: float = 10.0) -> None:
@@ -529,22 +608,82 @@ class AsyncTransactionalProducer:
     @asynccontextmanager
     async def _scope(self) -> AsyncIterator[AsyncTransactionalProducer]:
         scope = self._sync.transaction()
-        await self._run(
-            "begin_transaction", scope.__enter__, on_cancel=self._undo("begin_transaction")
-        )
+        await self._run("begin_transaction", scope.__enter__, on_cancel=self._leave(scope))
         try:
             yield self
         except BaseException as exc:
             # The sync scope aborts and re-raises ``exc`` (its __exit__ then returns
             # False), or raises what the abort raised.
-            await self._finish("abort_transaction", scope.__exit__, type(exc), exc, None)
+            await self._finish(
+                "abort_transaction", scope.__exit__, type(exc), exc, None,
+                surface=not isinstance(exc, asyncio.CancelledError),
+            )  # fmt: skip
             raise
         await self._finish("commit_transaction", scope.__exit__, None, None, None)
+
+    def _leave(
+        self, scope: AbstractContextManager[Any]
+    ) -> Callable[[concurrent.futures.Future[Any]], None]:
+        """``on_cancel`` of the begin of ``transaction()``: once the sync ``scope`` has
+        begun, it is left on the worker, next, as by a body cancelled at once (its
+        abort). Left open, the suspended generator would abort in its finalizer,
+        whenever and on whichever thread it is collected: the event loop's, say, while
+        a later transaction is open (an exception kept by the caller keeps it alive)."""
+
+        def undo(job: concurrent.futures.Future[Any]) -> None:
+            def leave() -> None:
+                if job.cancelled() or job.exception() is not None:
+                    return  # the scope began nothing, and its generator has ended
+                cancelled = asyncio.CancelledError()
+                try:
+                    scope.__exit__(asyncio.CancelledError, cancelled, None)
+                except asyncio.CancelledError:
+                    pass  # the sync scope aborted and re-raised it
+                except Exception:
+                    log.warning(
+                        "transaction() of %r was cancelled in its begin; aborting the "
+                        "transaction it began failed", self.transactional_id, exc_info=True,
+                    )  # fmt: skip
+
+            self._worker.submit(leave)
+
+        return undo
 
     # ------------------------------------------------------------------ for AsyncDualWriter
     def _call_blocking(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         """Submit ``fn(*args)`` to this producer's worker (``kafka_txn.aio.dualwrite``)."""
         return self._worker.submit(fn, *args)
+
+
+def _poll_reports(sync: TransactionalProducer, polling: threading.Event) -> None:
+    """The polling thread: serves delivery reports and callbacks until close() (or the
+    producer is collected) clears ``polling``.
+
+    The callbacks it serves only hand themselves to the loop, which keeps what they
+    raise (``AsyncTransactionalProducer._callback_failed``); ``defer_callback_errors``
+    all the same, so that nothing stashed is ever raised here, where nobody would see
+    it. A fatal error stays recorded in the lifecycle, for every call."""
+    io, producer = sync._io, sync._producer
+    while polling.is_set():
+        try:
+            io.call("poll", producer.poll, _POLL_SLICE, defer_callback_errors=True)
+        except Exception:  # a fatal error, or a closed handle's: the next call sees it
+            if not polling.is_set():
+                return
+            log.debug("poll of %r failed", sync.transactional_id, exc_info=True)
+            time.sleep(_POLL_SLICE)
+
+
+def _weakly(method: Callable[[BaseException], None]) -> Callable[[BaseException], None]:
+    """``method``, holding its object weakly (a no-op once the object is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(exc: BaseException) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(exc)
+
+    return call
 
 
 def _hop(cb: Callable[..., Any], calls: LoopCalls) -> Callable[..., None]:

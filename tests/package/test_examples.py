@@ -677,3 +677,19 @@ def test_spark_streaming_sink_example(broker, tmp_path):
             assert sorted(conn.execute(text("SELECT id FROM events")).scalars()) == ids
     finally:
         engine.dispose()
+
+
+def test_every_example_is_listed_in_the_readme_and_run_by_a_test():
+    """Each examples/*.py has its row in examples/README.md's table, and a test module
+    under tests/ imports it or runs its file (the README says every example is run by a
+    test)."""
+    readme = (ROOT / "examples" / "README.md").read_text(encoding="utf-8")
+    tests = [p.read_text(encoding="utf-8") for p in (ROOT / "tests").rglob("test_*.py")]
+    for example_file in sorted((ROOT / "examples").glob("*.py")):
+        name = example_file.stem
+        if name == "__init__":
+            continue
+        assert f"| [{name}.py]({name}.py) |" in readme, f"examples/README.md does not list {name}"
+        ways = (f"examples import {name}", f"examples.{name}", f"examples/{name}.py",
+                f'"{name}.py"')  # fmt: skip
+        assert any(way in text for text in tests for way in ways), f"no test runs {name}"

@@ -39,6 +39,11 @@ class SerialWorker:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._thread_ids: set[int] = set()
         self._closed = False
+        self.serving = threading.Lock()
+        """Held by each call while it runs, and by the polling thread around each
+        non-blocking poll: librdkafka's flush (in commit, abort, prepare) serves the
+        delivery reports in 10 ms waits (``rd_kafka_flush``), and a report another thread
+        takes from under it leaves it waiting out that slice."""
 
     def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         """``fn(*args)`` after the calls submitted before. After ``shutdown()`` (the
@@ -57,7 +62,8 @@ class SerialWorker:
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
         self._thread_ids.add(threading.get_ident())
-        return fn(*args)
+        with self.serving:
+            return fn(*args)
 
     def on_worker(self) -> bool:
         """Whether the calling thread is the worker (a job submitting another would wait

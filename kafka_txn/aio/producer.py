@@ -89,8 +89,14 @@ _LOOP_CALLBACKS = ("on_delivery", "error_cb", "stats_cb", "throttle_cb")
 """Config callbacks run on the event loop. ``oauth_cb`` is not one of them: librdkafka
 waits for its return value, on its own thread."""
 
-_POLL_SLICE = 0.1
-"""How long one poll of the polling thread waits for a report (it returns at the first)."""
+_IDLE_WAIT = 0.1
+"""How long the polling thread waits, with nothing queued, before it polls again (a send
+wakes it at once): for statistics and error callbacks."""
+
+_IN_FLIGHT_PAUSE = 0.001
+"""The polling thread's pause between two polls while records are queued or in flight:
+how late, at most, a delivery report is served outside a commit. It never waits inside
+librdkafka (see ``SerialWorker.serving``)."""
 
 _ROOM_WAITS = (0.001, 0.005, 0.02, 0.05)
 """The pauses of a send waiting for room in a full queue, growing to the last."""
@@ -217,9 +223,11 @@ class AsyncTransactionalProducer:
         # The thread holds the sync producer, never this object: a producer dropped
         # without close() is collected, and its finalizer stops the thread (which then
         # lets librdkafka's handle go), as a dropped TransactionalProducer is.
+        self._wake = threading.Event()
+        """Set by a send: the polling thread, idle, polls again at once."""
         self._poller = threading.Thread(
             target=_poll_reports,
-            args=(self._sync, self._polling),
+            args=(self._sync, self._polling, self._worker.serving, self._wake),
             name=f"kafka-txn-poll-{self.transactional_id}",
             daemon=True,
         )
@@ -413,6 +421,8 @@ class AsyncTransactionalProducer:
             self._sync.produce(topic, value, key, partition, cb, timestamp, headers)
         except BufferError:
             await self._wait_for_room(topic, value, key, partition, cb, timestamp, headers)
+        if not self._wake.is_set():
+            self._wake.set()
 
     async def send(
         self,
@@ -434,6 +444,8 @@ class AsyncTransactionalProducer:
             self._sync.produce(topic, value, key, partition, cb, timestamp, headers)
         except BufferError:
             await self._wait_for_room(topic, value, key, partition, cb, timestamp, headers)
+        if not self._wake.is_set():
+            self._wake.set()
         return future
 
     async def send_and_wait(
@@ -582,6 +594,7 @@ class AsyncTransactionalProducer:
 
     def _close(self, timeout: float, *, abort_open: bool = True) -> None:
         self._polling.clear()
+        self._wake.set()
         if self._poller.is_alive() and self._poller is not threading.current_thread():
             self._poller.join()
         try:
@@ -655,9 +668,20 @@ class AsyncTransactionalProducer:
         return self._worker.submit(fn, *args)
 
 
-def _poll_reports(sync: TransactionalProducer, polling: threading.Event) -> None:
+def _poll_reports(
+    sync: TransactionalProducer,
+    polling: threading.Event,
+    serving: threading.Lock,
+    wake: threading.Event,
+) -> None:
     """The polling thread: serves delivery reports and callbacks until close() (or the
     producer is collected) clears ``polling``.
+
+    Each poll is non-blocking and made holding ``serving``, which every worker call
+    holds while it runs: a commit's flush then serves its reports alone, and never waits
+    out a 10 ms slice for a report this thread took. Between polls it pauses
+    ``_IN_FLIGHT_PAUSE`` while records are queued or in flight, else waits for ``wake``
+    (a send sets it) up to ``_IDLE_WAIT``.
 
     The callbacks it serves only hand themselves to the loop, which keeps what they
     raise (``AsyncTransactionalProducer._callback_failed``); ``defer_callback_errors``
@@ -665,13 +689,26 @@ def _poll_reports(sync: TransactionalProducer, polling: threading.Event) -> None
     it. A fatal error stays recorded in the lifecycle, for every call."""
     io, producer = sync._io, sync._producer
     while polling.is_set():
+        # With a timeout: close() holds ``serving`` on the worker while it waits for
+        # this thread to end.
+        if not serving.acquire(timeout=_IDLE_WAIT):
+            continue
+        served = 0
         try:
-            io.call("poll", producer.poll, _POLL_SLICE, defer_callback_errors=True)
+            served = io.call("poll", producer.poll, 0, defer_callback_errors=True)
         except Exception:  # a fatal error, or a closed handle's: the next call sees it
             if not polling.is_set():
                 return
             log.debug("poll of %r failed", sync.transactional_id, exc_info=True)
-            time.sleep(_POLL_SLICE)
+        finally:
+            serving.release()
+        if served:
+            continue
+        wake.clear()
+        if len(producer) > 0:
+            time.sleep(_IN_FLIGHT_PAUSE)
+        else:
+            wake.wait(_IDLE_WAIT)
 
 
 def _weakly(method: Callable[[BaseException], None]) -> Callable[[BaseException], None]:

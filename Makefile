@@ -67,6 +67,7 @@ bench: setup databases
 	$(PY) bench/dual_write_bench.py --failure-path --rows 1 10
 	$(PY) bench/spark_sink_bench.py
 	$(PY) bench/recovery_bench.py
+	$(PY) bench/async_bench.py
 
 # The docs generated from the code (kafka_txn/_docs.py), and docs/reference/proofs.md from the
 # tests' @pytest.mark.guarantee markers (tests/support/proofs.py).

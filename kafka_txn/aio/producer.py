@@ -15,25 +15,27 @@ queue is full, the send waits for room with ``await`` (up to ``queue_full_timeou
 in librdkafka.
 
 Cancellation (``asyncio.CancelledError``: a task cancelled, ``asyncio.timeout()``
-expiring) of a call: a call still waiting for its turn behind another never runs; a
-call already running in librdkafka cannot be interrupted and runs to its end, and the
-next call waits for it. What each call then does:
+expiring) of a call: a call that ends or settles a transaction (commit, complete,
+prepare, abort, close, the end of ``transaction()``) runs to its end even if its caller
+is cancelled, and so does any call already running in librdkafka (it cannot be
+interrupted); another call (init, begin, send_offsets) that the worker has not taken up
+yet never runs. The next call waits for the one that runs on. What each call then does:
 
 - ``init_transactions``: calling it again adopts the outcome of the cancelled one (if that
   succeeded, it returns at once), or runs it again.
 - ``begin_transaction``: undone: a transaction it began is aborted (nothing was sent in it).
-- ``prepare_transaction``: undone: the transaction is aborted, since its state never
-  reached the caller, so nobody can have stored the decision to commit it.
-- ``commit_transaction``, ``complete_transaction``: run on, never aborted (the commit may
-  have reached the coordinator); ``state`` then says how it ended, and a log line of
+- ``prepare_transaction``: undone: once it ended, the transaction is aborted, since its
+  state never reached the caller, so nobody can have stored the decision to commit it.
+- ``commit_transaction``, ``complete_transaction``: run, never aborted (the commit may
+  reach the coordinator); ``state`` then says how it ended, and a log line of
   ``kafka_txn.aio`` too.
-- ``abort_transaction``: runs on.
-- ``close``: runs on, also when cancelled while it waits for its turn: a producer whose
-  close was called ends closed.
-- ``send_offsets_to_transaction``: the transaction cannot commit any more (whether the
-  offsets are in it is unknown to the caller): abort it.
+- ``abort_transaction``, ``close``: run; a producer whose close was called ends closed.
+- ``send_offsets_to_transaction``: whether it ran or not, the transaction cannot commit
+  any more (the caller cannot know whether the offsets are in it): abort it.
 - ``send``/``produce`` waiting for room in a full queue: the record was not queued, and
-  the transaction cannot commit without it (as a record that found no room in time).
+  its transaction cannot commit without it (as a record that found no room in time). A
+  send whose transaction ended while it waited raises ``IllegalStateError``: a record is
+  never queued into a later transaction than the one it was sent in.
 - waiting on a ``send()``'s future: only the wait ends; the record stays in the
   transaction.
 - ``async with producer.transaction()``: a body cancelled is aborted, as any exception,
@@ -61,7 +63,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from kafka_txn.aio.bridge import LoopCalls, SerialWorker
 from kafka_txn.classification import produce_failure
 from kafka_txn.config import ProducerSettings
-from kafka_txn.errors import ProduceFailedException
+from kafka_txn.errors import IllegalStateError, ProduceFailedException
 from kafka_txn.metrics import MetricsHook
 from kafka_txn.producer import arguments
 from kafka_txn.producer.delivery import _add_note
@@ -263,19 +265,24 @@ class AsyncTransactionalProducer:
         fn: Callable[..., T],
         *args: Any,
         on_cancel: Callable[[concurrent.futures.Future[T]], None] | None = None,
+        shielded: bool = False,
     ) -> T:
-        """Run ``fn(*args)`` on the worker and await it. Cancelled before its turn, it
-        never runs; cancelled while it runs, it runs on, and ``on_cancel(job)`` is called
-        at once (it may submit a job, which runs right after this one)."""
+        """Run ``fn(*args)`` on the worker and await it. Cancelled before the worker took
+        it up, it never runs, unless ``shielded``; cancelled while it runs (or shielded),
+        it runs on, and ``on_cancel(job)`` is called at once (it may submit a job, which
+        runs right after this one)."""
         if call != "init_transactions":
             self._cancelled_init = None  # another call came first: init is done with
         if call not in _SURFACING:
             self._raise_pending(call)
         job = self._worker.submit(fn, *args)
+        waiter = asyncio.wrap_future(job)  # cancelling it would cancel a job not taken up
         try:
-            result = await asyncio.wrap_future(job)
+            result = await (asyncio.shield(waiter) if shielded else waiter)
         except asyncio.CancelledError:
-            if not job.cancel():  # it is running, or ran
+            if shielded:
+                waiter.add_done_callback(_retrieved)  # its outcome is logged instead
+            if shielded or not job.cancel():  # it is running, ran, or must run
                 job.add_done_callback(_log_outcome(call, self.transactional_id))
                 if on_cancel is not None:
                     on_cancel(job)
@@ -289,9 +296,11 @@ class AsyncTransactionalProducer:
         exception stays pending (for the abort of a cancelled body, whose
         CancelledError must propagate)."""
         job = self._worker.submit(fn, *args)
+        waiter = asyncio.wrap_future(job)
         try:
-            result = await asyncio.shield(asyncio.wrap_future(job))
+            result = await asyncio.shield(waiter)
         except asyncio.CancelledError:
+            waiter.add_done_callback(_retrieved)  # its outcome is logged instead
             job.add_done_callback(_log_outcome(call, self.transactional_id))
             raise
         if surface:
@@ -466,12 +475,21 @@ class AsyncTransactionalProducer:
         sync producer. Cancelled, the record was not queued and the transaction cannot
         commit without it."""
         sync = self._sync
+        deliveries = sync._deliveries
+        generation = deliveries.generation  # the transaction this send belongs to
         deadline = time.monotonic() + self._queue_full_timeout
         attempt = 0
         try:
             while True:
                 await asyncio.sleep(_ROOM_WAITS[min(attempt, len(_ROOM_WAITS) - 1)])
                 attempt += 1
+                if deliveries.generation != generation:
+                    # Its transaction ended while it waited (the body raised, another
+                    # task aborted it): the record must not go into the next one.
+                    raise IllegalStateError(
+                        f"send to {topic!r}: the transaction it was made in ended while it "
+                        "waited for room in the full queue; the record was not sent"
+                    )
                 try:
                     sync.produce(topic, *args)
                     return
@@ -480,14 +498,31 @@ class AsyncTransactionalProducer:
                         partition, key = args[2], args[1]
                         raise sync._sends.queue_full(topic, partition, key) from None
         except asyncio.CancelledError:
-            err = KafkaError(
-                KafkaError._INTR,
+            self._poison(
+                generation,
                 "a send waiting for room in the full queue was cancelled: the record was "
                 "not sent, so this transaction cannot commit; abort it",
+                topic,
+                args[2],
+                args[1] if isinstance(args[1], (bytes, str)) else None,
             )
-            key = args[1] if isinstance(args[1], (bytes, str)) else None
-            sync._deliveries.record_failure(produce_failure(err, topic, args[2], key))
             raise
+
+    def _poison(
+        self,
+        generation: int,
+        reason: str,
+        topic: str | None = None,
+        partition: int | None = None,
+        key: bytes | str | None = None,
+    ) -> None:
+        """Make the transaction of ``generation`` uncommittable (a failed record with
+        ``reason``), if it is still the open one: never a later transaction."""
+        sync = self._sync
+        if sync._deliveries.generation != generation or sync._life.state not in _UNDO_STATES:
+            return
+        err = KafkaError(KafkaError._INTR, reason)
+        sync._deliveries.record_failure(produce_failure(err, topic, partition, key))
 
     async def send_offsets_to_transaction(
         self,
@@ -495,45 +530,46 @@ class AsyncTransactionalProducer:
         group_metadata: Any,
         timeout: float | None = None,
     ) -> None:
-        """``TransactionalProducer.send_offsets_to_transaction``. Cancelled while it runs,
-        the transaction cannot commit (the caller cannot know whether the offsets are in
-        it): abort it."""
+        """``TransactionalProducer.send_offsets_to_transaction``. Cancelled, whether it
+        ran or not, the transaction cannot commit (the caller cannot know whether the
+        offsets are in it): abort it."""
         arguments.offsets(offsets, "send_offsets_to_transaction")
-
-        def poison(job: concurrent.futures.Future[None]) -> None:
-            err = KafkaError(
-                KafkaError._INTR,
+        generation = self._sync._deliveries.generation
+        try:
+            await self._run(
+                "send_offsets_to_transaction",
+                self._sync.send_offsets_to_transaction,
+                offsets,
+                group_metadata,
+                timeout,
+            )
+        except asyncio.CancelledError:
+            self._poison(
+                generation,
                 "send_offsets_to_transaction() was cancelled: whether the offsets are in "
                 "this transaction is unknown, so it cannot commit; abort it",
             )
-            self._sync._deliveries.record_failure(produce_failure(err, None, None, None))
-
-        await self._run(
-            "send_offsets_to_transaction",
-            self._sync.send_offsets_to_transaction,
-            offsets,
-            group_metadata,
-            timeout,
-            on_cancel=poison,
-        )
+            raise
 
     async def commit_transaction(self, timeout: float | None = None) -> None:
-        """``TransactionalProducer.commit_transaction``. Cancelled while it runs, it runs
-        on and is never aborted."""
-        await self._run("commit_transaction", self._sync.commit_transaction, timeout)
+        """``TransactionalProducer.commit_transaction``. Cancelled, it runs all the same
+        (also when it had not started), and is never aborted."""
+        await self._run("commit_transaction", self._sync.commit_transaction, timeout, shielded=True)
 
     async def abort_transaction(self, timeout: float | None = None) -> None:
-        """``TransactionalProducer.abort_transaction``."""
-        await self._run("abort_transaction", self._sync.abort_transaction, timeout)
+        """``TransactionalProducer.abort_transaction``. Cancelled, it runs all the same."""
+        await self._run("abort_transaction", self._sync.abort_transaction, timeout, shielded=True)
 
     async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         """``TransactionalProducer.prepare_transaction``. Cancelled, the transaction is
-        aborted: its state never reached the caller."""
+        aborted (after the prepare, which runs all the same): its state never reached
+        the caller."""
         return await self._run(
             "prepare_transaction",
             self._sync.prepare_transaction,
             timeout,
             on_cancel=self._undo("prepare_transaction"),
+            shielded=True,
         )
 
     async def complete_transaction(
@@ -552,6 +588,7 @@ class AsyncTransactionalProducer:
         return await self._run(
             "complete_transaction",
             lambda: self._sync.complete_transaction(state, before_init=hook, timeout=timeout),
+            shielded=True,
         )
 
     def _blocking(
@@ -721,6 +758,12 @@ def _weakly(method: Callable[[BaseException], None]) -> Callable[[BaseException]
             bound(exc)
 
     return call
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Marks a future's exception as retrieved (asyncio logs one nobody retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _hop(cb: Callable[..., Any], calls: LoopCalls) -> Callable[..., None]:

@@ -47,6 +47,7 @@ class Deliveries:
         "callback_error",
         "failed_records",
         "first_failure",
+        "generation",
         "librdkafka_failed",
         "poll",
         "reports",
@@ -67,6 +68,9 @@ class Deliveries:
         self.first_failure: ProduceFailedException | None = None
         """The first failed record of the open transaction (purged ones never count)."""
         self.failed_records = 0
+        self.generation = 0
+        """How many times ``reset()`` ran (each begin, each successful abort): a send that
+        waits (``kafka_txn.aio``) tells by it whether its transaction is still open."""
         self.librdkafka_failed = False
         """Whether librdkafka's own transaction failed (a failed delivery report, or a
         transactional call it failed): it then sends no more records. A record refused
@@ -87,6 +91,7 @@ class Deliveries:
 
     def reset(self) -> None:
         """Forget the failures of the previous transaction."""
+        self.generation += 1
         self.first_failure = None
         self.failed_records = 0
         self.librdkafka_failed = False

@@ -403,26 +403,26 @@ def test_abort_cancelled_mid_flight_runs_on(
 
 # --------------------------------------------------------------------------- waiting
 @pytest.mark.guarantee("9.3")
-def test_calls_cancelled_while_waiting_their_turn_never_run(
+def test_calls_cancelled_while_waiting_their_turn(
     broker: Broker, topic: str, proxied: dict[str, Any], proxy: KafkaProxy
 ) -> None:
     """While send_offsets_to_transaction() runs (its AddOffsetsToTxn held), a second
-    send_offsets_to_transaction(), begin, prepare, commit and abort wait their turn and
-    are cancelled: none of them runs (no second AddOffsetsToTxn, no operation reported
-    to the metrics hook), the transaction stays open and unpoisoned, and its commit,
-    called afterwards, commits."""
+    send_offsets_to_transaction() and a begin wait their turn and are cancelled: neither
+    runs (no second AddOffsetsToTxn, no operation reported to the metrics hook), but the
+    cancelled send_offsets_to_transaction() leaves the transaction uncommittable (its
+    caller cannot know whether it ran): the commit raises CommitFailedException naming
+    it, the abort works, and nothing is visible."""
     metrics = HeldOperation()
-    config = {**proxied, "transaction.two.phase.commit.enable": True}
     consumer = Consumer(
         {"bootstrap.servers": broker.bootstrap_servers, "group.id": f"g-{time.monotonic_ns()}"}
     )
     offsets = [TopicPartition(topic, 0, 1)]
 
     async def main() -> None:
-        async with AsyncTransactionalProducer(config, metrics=metrics) as producer:
+        async with AsyncTransactionalProducer(proxied, metrics=metrics) as producer:
             await producer.init_transactions()
             await producer.begin_transaction()
-            await producer.send(topic, b"kept")
+            await producer.send(topic, b"dropped")
             group = consumer.consumer_group_metadata()
             held = HeldRequest(proxy, ApiKey.ADD_OFFSETS_TO_TXN)
             try:
@@ -431,9 +431,6 @@ def test_calls_cancelled_while_waiting_their_turn_never_run(
                 waiting = [
                     asyncio.create_task(producer.send_offsets_to_transaction(offsets, group)),
                     asyncio.create_task(producer.begin_transaction()),
-                    asyncio.create_task(producer.prepare_transaction()),
-                    asyncio.create_task(producer.commit_transaction()),
-                    asyncio.create_task(producer.abort_transaction()),
                 ]
                 await asyncio.sleep(0.05)
                 for task in waiting:
@@ -447,13 +444,134 @@ def test_calls_cancelled_while_waiting_their_turn_never_run(
             assert metrics.calls == reported == began
             assert producer.state == "in transaction"
             assert proxy.count(ApiKey.ADD_OFFSETS_TO_TXN) == 1
-            await producer.commit_transaction()
+            with pytest.raises(CommitFailedException, match="send_offsets_to_transaction"):
+                await producer.commit_transaction()
+            await producer.abort_transaction()
+
+    try:
+        run(main())
+    finally:
+        consumer.close()
+    assert read(broker, topic, 0) == []
+
+
+@pytest.mark.guarantee("9.3")
+def test_ending_calls_cancelled_while_waiting_their_turn_run_all_the_same(
+    broker: Broker, topic: str, proxied: dict[str, Any], proxy: KafkaProxy
+) -> None:
+    """A commit_transaction() queued behind a running send_offsets_to_transaction() (its
+    AddOffsetsToTxn held) and cancelled before the worker took it up runs all the same
+    once its turn comes: the transaction is committed, records and offsets."""
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap_servers, "group.id": f"g-{time.monotonic_ns()}"}
+    )
+    offsets = [TopicPartition(topic, 0, 1)]
+
+    async def main() -> None:
+        async with AsyncTransactionalProducer(proxied) as producer:
+            await producer.init_transactions()
+            await producer.begin_transaction()
+            await producer.send(topic, b"kept")
+            group = consumer.consumer_group_metadata()
+            held = HeldRequest(proxy, ApiKey.ADD_OFFSETS_TO_TXN)
+            try:
+                running = asyncio.create_task(producer.send_offsets_to_transaction(offsets, group))
+                await held.wait_entered()
+                commit = asyncio.create_task(producer.commit_transaction())
+                await asyncio.sleep(0.05)
+                await cancelled(commit)
+                assert producer.state == "in transaction"  # not taken up yet
+            finally:
+                held.release()
+            await running
+            for _ in range(200):
+                if producer.state == "ready":
+                    break
+                await asyncio.sleep(0.05)
+            assert producer.state == "ready"
 
     try:
         run(main())
     finally:
         consumer.close()
     assert read(broker, topic, 1) == [(None, b"kept")]
+
+
+@pytest.mark.guarantee("9.3")
+def test_a_commit_or_prepare_cancelled_at_once_always_runs(
+    broker: Broker, topic: str, producer_config: dict[str, Any]
+) -> None:
+    """commit_transaction(), complete_transaction() and prepare_transaction() cancelled
+    by asyncio.timeout(0), before the worker can take them up, run all the same: every
+    commit lands (read_committed counts them), and every prepare is followed by its
+    abort, so the next transaction begins."""
+    config = {**producer_config, "transaction.two.phase.commit.enable": True}
+    rounds = 20
+
+    async def main() -> None:
+        async with AsyncTransactionalProducer(config) as producer:
+            await producer.init_transactions()
+            for i in range(rounds):
+                await producer.begin_transaction()
+                await producer.send(topic, b"commit-%d" % i)
+                with pytest.raises(asyncio.TimeoutError):
+                    await within(0, producer.commit_transaction())
+                await producer.begin_transaction()  # waits for the commit, then begins
+                await producer.send(topic, b"prepared-%d" % i)
+                with pytest.raises(asyncio.TimeoutError):
+                    await within(0, producer.prepare_transaction())
+                await producer.begin_transaction()  # after the prepare and its abort
+                await producer.send(topic, b"complete-%d" % i)
+                state = await producer.prepare_transaction()
+                with pytest.raises(asyncio.TimeoutError):
+                    await within(0, producer.complete_transaction(state))
+                await producer.begin_transaction()
+                await producer.abort_transaction()
+
+    run(main(), timeout=120)
+    values = sorted(value for _, value in read(broker, topic, 2 * rounds))
+    expected = sorted(
+        [b"commit-%d" % i for i in range(rounds)] + [b"complete-%d" % i for i in range(rounds)]
+    )
+    assert values == expected
+
+
+@pytest.mark.guarantee("9.3")
+def test_a_send_waiting_for_room_never_joins_the_next_transaction(
+    broker: Broker, topic: str, producer_config: dict[str, Any]
+) -> None:
+    """Sends waiting for room in a full queue (5 records, lingering 3 s) outlive their
+    transaction: asyncio.gather() in the body does not cancel them when another of its
+    awaitables raises, so transaction() aborts while they wait. When the next
+    transaction begins, they must not be queued into it: each raises IllegalStateError,
+    and read_committed shows the next transaction's record alone."""
+    config = {**producer_config, "queue.buffering.max.messages": 5, "linger.ms": 3000}
+
+    async def main() -> list[BaseException | None]:
+        async with AsyncTransactionalProducer(config) as producer:
+            await producer.init_transactions()
+            sends: list[asyncio.Future[Any]] = []
+
+            async def lookup() -> None:
+                await asyncio.sleep(0.2)
+                raise ValueError("lookup failed")
+
+            with pytest.raises(ValueError):
+                async with producer.transaction():
+                    sends.extend(
+                        asyncio.ensure_future(producer.send(topic, b"first-%d" % i))
+                        for i in range(10)
+                    )
+                    await asyncio.gather(*sends, lookup())
+            async with producer.transaction():
+                await producer.send(topic, b"second")
+                await asyncio.sleep(0.2)  # the waiting sends find room meanwhile
+            return [s.exception() if s.done() else None for s in sends]
+
+    outcomes = run(main())
+    assert any(isinstance(exc, IllegalStateError) for exc in outcomes), outcomes
+    values = [value for _, value in read(broker, topic, 1)]
+    assert values == [b"second"]
 
 
 # --------------------------------------------------------------------------- sends

@@ -25,14 +25,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from confluent_kafka import Message
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.util.concurrency import await_, greenlet_spawn
+
+from kafka_txn._extras import missing_extra
+
+try:
+    import greenlet  # noqa: F401 - SQLAlchemy's asyncio extension imports it only when used
+    from sqlalchemy.engine import URL
+    from sqlalchemy.exc import NoSuchModuleError
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+    from sqlalchemy.util import concurrency as _concurrency
+    from sqlalchemy.util.concurrency import greenlet_spawn
+except ImportError as exc:
+    raise missing_extra("kafka_txn.aio.AsyncDualWriter", "asyncio", exc) from exc
 
 from kafka_txn.aio.producer import AsyncDeliveryCallback, AsyncTransactionalProducer
 from kafka_txn.config import TWO_PHASE_COMMIT_KEY, ProducerSettings
@@ -57,18 +66,28 @@ log = logging.getLogger("kafka_txn.aio")
 
 T = TypeVar("T")
 
+await_: Callable[[Awaitable[Any]], Any] = (
+    getattr(_concurrency, "await_", None) or _concurrency.await_only
+)
+"""SQLAlchemy's ``await_`` (2.1), ``await_only`` in 2.0: awaits a coroutine on the loop
+from sync code running in a ``greenlet_spawn`` greenlet."""
+
 _ASYNC_DRIVERS = {
-    # backend -> (the async driver kafka-txn uses, sync drivers it stands for)
-    "postgresql": ("psycopg_async", {"psycopg", "psycopg_async"}),
-    "mysql": ("aiomysql", {"pymysql", "aiomysql", "mysqldb"}),
-    "mariadb": ("aiomysql", {"pymysql", "aiomysql", "mysqldb"}),
-    "sqlite": ("aiosqlite", {"pysqlite", "aiosqlite"}),
+    # backend -> (the async driver kafka-txn uses, the sync drivers it stands in for)
+    "postgresql": ("psycopg_async", {"psycopg", "psycopg2", "psycopg2cffi", "pg8000"}),
+    "mysql": ("aiomysql", {"pymysql", "mysqldb", "mysqlconnector", "mariadbconnector"}),
+    "mariadb": ("aiomysql", {"pymysql", "mysqldb", "mysqlconnector", "mariadbconnector"}),
+    "sqlite": ("aiosqlite", {"pysqlite"}),
 }
 """The async driver for each database a JDBC URL or a sync SQLAlchemy URL names:
 psycopg 3's async mode, aiomysql (PyMySQL's protocol code), aiosqlite. A URL naming an
 async driver SQLAlchemy knows (``postgresql+asyncpg://``) is used as it is."""
 
 _EXTRA_HINT = "pip install 'kafka-txn[asyncio]' (or '.[asyncio]' from a checkout)"
+
+_MYSQL_CONNECT_TIMEOUT = 10.0
+"""Seconds an aiomysql connection may take to open when the URL sets no
+``connect_timeout``: PyMySQL's default, which bounds the sync writer's connections."""
 
 
 def async_engine_for(
@@ -81,16 +100,31 @@ def async_engine_for(
     url = database_url(database, user, password, refuse_sqlite_login=True)
     backend, driver = url.get_backend_name(), url.get_driver_name()
     known = _ASYNC_DRIVERS.get(backend)
-    if known is not None and driver in known[1]:
+    if known is None:
+        raise ConfigurationError(
+            f"database dialect {backend!r} is not supported: use PostgreSQL, MySQL/MariaDB "
+            "or SQLite (a JDBC URL, or postgresql+psycopg://, mysql+aiomysql://, "
+            "sqlite+aiosqlite:///)"
+        )
+    if driver in known[1]:
         url = url.set(drivername=f"{backend}+{known[0]}")
     kwargs: dict[str, Any] = {}
     if backend == "sqlite":
         kwargs["connect_args"] = {"timeout": 30}  # wait for the other writer's lock
+    elif url.get_driver_name() == "aiomysql":
+        kwargs["connect_args"] = {"async_creator_fn": _bounded_aiomysql_connect}
     try:
         engine = create_async_engine(url, **kwargs)
+    except NoSuchModuleError as exc:
+        raise ConfigurationError(
+            f"SQLAlchemy has no dialect/driver {url.drivername!r}: use a JDBC URL, or "
+            "postgresql+psycopg://, mysql+aiomysql://, sqlite+aiosqlite:///"
+        ) from exc
     except ImportError as exc:
         raise ConfigurationError(
-            f"the async driver for {url.drivername} is not installed: {_EXTRA_HINT} ({exc})"
+            f"the driver of {url.drivername} is not installed ({exc}): {_EXTRA_HINT} "
+            "installs psycopg, aiomysql and aiosqlite, which JDBC URLs and "
+            "postgresql+psycopg://, mysql+aiomysql://, sqlite+aiosqlite:/// use"
         ) from exc
     except Exception as exc:
         raise ConfigurationError(
@@ -100,6 +134,40 @@ def async_engine_for(
     if not engine.sync_engine.dialect.is_async:  # pragma: no cover - create_async_engine refuses
         raise ConfigurationError(f"{url.drivername!r} is not an async driver")
     return engine
+
+
+def _bounded_aiomysql_connect(*args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+    """``aiomysql.connect``, bounded as a whole by its ``connect_timeout`` (the URL's,
+    else PyMySQL's 10 s). aiomysql bounds only the TCP connect, and with no timeout by
+    default: the handshake's reads wait forever on a port that accepts and never
+    answers (a Kafka broker, a stuck proxy), where the sync writer's PyMySQL gives up
+    (``jdbc.bounded_engine``). It fails as PyMySQL does then, with
+    ``OperationalError(2013)``, so that ``start()`` names the database with its fix
+    (``DatabaseUnavailableError``)."""
+    # Imported here: only a MySQL/MariaDB engine needs it.
+    import aiomysql  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    given = kwargs.get("connect_timeout")
+    bound = float(given) if given else _MYSQL_CONNECT_TIMEOUT
+    kwargs["connect_timeout"] = bound
+
+    async def connect() -> Any:
+        conn = aiomysql.Connection(*args, **kwargs)
+        try:
+            await asyncio.wait_for(conn._connect(), bound)
+        except asyncio.TimeoutError:
+            conn.close()
+            raise aiomysql.OperationalError(  # PyMySQL's, which aiomysql raises
+                2013,
+                f"Lost connection to MySQL server during the handshake (timed out after "
+                f"{bound:g} s)",
+            ) from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    return connect()
 
 
 class _AwaitingProducer:
@@ -129,7 +197,7 @@ class _AwaitingProducer:
 
     def _await(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         job = self._aio._call_blocking(functools.partial(fn, *args, **kwargs))
-        return await_(asyncio.wrap_future(job))
+        return cast(T, await_(asyncio.wrap_future(job)))
 
     def init_transactions(
         self, timeout: float | None = None, *, keep_prepared_txn: bool = False
@@ -184,6 +252,22 @@ class _GreenletDualWriter(DualWriter):
         kwargs.pop("sleep", None)  # the worker waits in librdkafka; nothing sleeps here
         self.aio_producer = AsyncTransactionalProducer(conf, **kwargs)
         return cast(TransactionalProducer, _AwaitingProducer(self.aio_producer))
+
+    @contextmanager
+    def _exclusive(self, call: str) -> Iterator[None]:
+        """``DualWriter._exclusive`` without its wait: ``AsyncDualWriter``'s turn already
+        runs one call at a time, and a ``threading.Lock`` waited for here would stop the
+        event loop (this runs on its thread), the very loop that the holder, ``close()``
+        awaiting in its own greenlet, needs to finish. A call that meets it refuses."""
+        if not self._serial.acquire(blocking=False):
+            raise IllegalStateError(
+                f"{call} of the AsyncDualWriter for {self.transactional_id!r} while it "
+                "closes: create a new writer"
+            )
+        try:
+            yield
+        finally:
+            self._serial.release()
 
 
 class AsyncDualWriteTransaction:
@@ -322,9 +406,18 @@ class AsyncDualWriter:
         self._turn = asyncio.Lock()
         """One start(), transaction() or mark write of this writer at a time."""
         self._holder: asyncio.Task[Any] | None = None
+        self._body: asyncio.Task[Any] | None = None
+        """The task running a transaction()'s body: transaction() called from it again
+        would wait for itself. (Not the turn's holder: a task whose call was cancelled
+        while a step runs on may call again, and waits its turn.)"""
         self._steps: set[asyncio.Task[Any]] = set()
         self._mark_timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self._closing: asyncio.Task[None] | None = None
+        self._marking: asyncio.Task[None] | None = None
+        """The task storing the completion mark, if one was started."""
+        self._mark_writing = False
+        self._mark_failures = 0
 
     def _dispose_soon(self) -> None:
         engine = self.engine
@@ -343,22 +436,43 @@ class AsyncDualWriter:
     async def _take_turn(self, call: str) -> None:
         """Wait for this writer's other calls (up to ``lock_timeout``); a task calling in
         from its own transaction's body is refused (it would wait for itself)."""
-        if self._holder is not None and self._holder is asyncio.current_task():
+        if self._body is not None and self._body is asyncio.current_task():
             raise IllegalStateError(
                 f"{call} inside a transaction() of the same writer: finish that "
                 "transaction first (one writer has one transaction at a time)"
             )
+        self._refuse_if_closed(call)
         bound = self.lock_timeout
+        # Not asyncio.wait_for: on Python 3.10 and 3.11 it returns the acquired lock to a
+        # caller cancelled at that moment, swallowing the cancellation (CPython gh-86296).
+        acquiring = self._loop.create_task(self._turn.acquire())
         try:
-            await asyncio.wait_for(self._turn.acquire(), bound)
-        except TimeoutError:
+            await asyncio.wait({acquiring}, timeout=bound)
+        except asyncio.CancelledError:
+            acquiring.cancel()
+            if acquiring.done() and not acquiring.cancelled():
+                self._turn.release()  # acquired as the caller was cancelled: not its turn
+            raise
+        if not acquiring.done():
+            acquiring.cancel()
+        if acquiring.cancelled() or not acquiring.done():
             raise TransactionAbortableError(
                 f"{call} of the AsyncDualWriter for {self.transactional_id!r} waited "
                 f"lock_timeout={bound:g}s for another task's transaction of the same "
                 "writer; nothing was written: retry, or give each task a writer (and a "
                 "transactional id) of its own"
             ) from None
+        if self._closed:  # close() began while this call waited for its turn
+            self._turn.release()
+            self._refuse_if_closed(call)
         self._holder = asyncio.current_task()
+
+    def _refuse_if_closed(self, call: str) -> None:
+        if self._closed:
+            raise IllegalStateError(
+                f"{call} of the AsyncDualWriter for {self.transactional_id!r} after "
+                "close(): create a new writer"
+            )
 
     def _hand_back(self) -> None:
         self._holder = None
@@ -373,10 +487,14 @@ class AsyncDualWriter:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            if not task.done():
-                task.add_done_callback(_logged(name, self.transactional_id))
-                raise _UnfinishedStepError(task) from None
-            raise
+            if task.cancelled():  # the step itself was cancelled (the loop shuts down)
+                raise
+            # The caller was cancelled while the step ran, or as it ended (its result
+            # not yet delivered): either way the step's end, not the caller, decides
+            # what follows. A transaction entered must be rolled back, not dropped with
+            # its connection, row lock and Kafka transaction still open.
+            task.add_done_callback(_logged(name, self.transactional_id))
+            raise _UnfinishedStepError(task) from None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> TransactionOutcome:
@@ -406,12 +524,23 @@ class AsyncDualWriter:
         return result
 
     async def close(self) -> None:
-        """``DualWriter.close``, then the engine's pool. Safe to call more than once."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._mark_timer is not None:
-            self._mark_timer.cancel()
+        """``DualWriter.close``, then the engine's pool. Steps that run on after their
+        caller was cancelled are waited for first (each is bounded by ``lock_timeout``
+        and ``operation_timeout``). Cancelled, it runs on, as the producer's
+        ``close()``: a writer half closed would leave its producer's threads and the
+        pool's connections behind. Safe to call more than once; every call returns when
+        the writer is closed."""
+        if self._closing is None:
+            self._closed = True
+            if self._mark_timer is not None:
+                self._mark_timer.cancel()
+            self._closing = self._loop.create_task(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        if self._steps:
+            await asyncio.wait(set(self._steps))
+        await self._wait_for_the_mark()
         try:
             await greenlet_spawn(self._writer.close)
         finally:
@@ -448,11 +577,14 @@ class AsyncDualWriter:
         tx = AsyncDualWriteTransaction(
             AsyncConnection(self.engine, entered.connection), self.producer
         )
+        self._body = asyncio.current_task()
         try:
             yield tx
         except BaseException as exc:
+            self._body = None
             await self._end(scope, exc)
             raise
+        self._body = None
         await self._end(scope, None)
 
     async def _end(self, scope: Any, exc: BaseException | None) -> None:
@@ -486,31 +618,61 @@ class AsyncDualWriter:
         """The turn handed back; a committed state due to be stored marked completed
         (``mark_completed_after``) gets its timer."""
         self._hand_back()
-        if self._closed or self._mark_after is None or self._writer._marks.pending is None:
+        if self._mark_after is not None:
+            self._mark_later(self._mark_after)
+
+    def _mark_later(self, delay: float) -> None:
+        """Store the pending completion mark in ``delay`` seconds (a timer on the loop,
+        where ``DualWriter`` has a thread): replaces an earlier timer."""
+        if self._closed or self._writer._marks.pending is None:
             return
         if self._mark_timer is not None:
             self._mark_timer.cancel()
-        self._mark_timer = self._loop.call_later(self._mark_after, self._mark_due)
+        self._mark_timer = self._loop.call_later(delay, self._mark_due)
 
     def _mark_due(self) -> None:
         self._mark_timer = None
-        if self._closed:
+        if self._closed or (self._marking is not None and not self._marking.done()):
             return
-        task = self._loop.create_task(self._store_mark())
-        self._steps.add(task)
-        task.add_done_callback(self._steps.discard)
+        self._marking = self._loop.create_task(self._store_mark())
 
     async def _store_mark(self) -> None:
+        """The mark, written in the writer's turn (never through a transaction's
+        connection). A write the database refused is tried again after a back-off
+        (``mark_completed_after`` doubled per failure, up to 60 s), as ``DualWriter``'s
+        thread does, and at the next transaction, abort or ``close()``."""
         async with self._turn:
             if self._closed:
                 return
+            self._mark_writing = True
             try:
-                await greenlet_spawn(self._writer.store_completed)
-            except Exception:  # logged by the marks; the mark stays due
+                stored = await greenlet_spawn(self._writer.store_completed)
+            except Exception:
+                stored = False
                 log.warning(
                     "storing the completion mark of %r failed", self.transactional_id,
                     exc_info=True,
                 )  # fmt: skip
+            finally:
+                self._mark_writing = False
+            if stored:
+                self._mark_failures = 0
+            elif self._mark_after is not None:
+                self._mark_failures += 1
+                backoff = self._mark_after * 2 ** min(self._mark_failures, 16)
+                self._mark_later(min(60.0, backoff))
+
+    async def _wait_for_the_mark(self) -> None:
+        """close(): a mark being written is waited for; one still waiting for its turn
+        is dropped (the sync close stores it), never waited for: the turn may be held by
+        the body of a transaction that close() was called from."""
+        marking = self._marking
+        if marking is None or marking.done():
+            return
+        if self._mark_writing:
+            await asyncio.wait({marking})
+        else:
+            marking.cancel()
 
 
 class _UnfinishedStepError(Exception):

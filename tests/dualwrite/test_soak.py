@@ -1,6 +1,8 @@
 """The dual-write promise under an adversary: several writer processes
 share ONE transactional id (tests/apps/adversary_app.py, each a loop of DualWriter
-transactions) while, on real timers, the test
+transactions; every other launch runs AsyncDualWriter instead, on the same state row, so
+that sync and async writers recover, fence and follow each other) while, on real timers,
+the test
 
 - SIGKILLs a random writer and restarts it (every restart is a zombie handover: its
   start() recovers and fences the others, which restart in turn and fence it back),
@@ -19,7 +21,8 @@ the database rows equal the records a read_committed consumer sees, each exactly
 read with an independent client (kafka-python, not librdkafka); every transaction a
 writer was told committed is there; no writer ever got a report that Kafka lost a
 committed transaction. Counters prove the adversary did act (kills, fences, terminated
-sessions, injected errors) and the writers did work.
+sessions, injected errors) and the writers did work, async and sync writers alike (each
+kind committed, and was killed).
 
 The schedule of faults is drawn from ``random.Random(seed)``: KAFKA_TXN_ADVERSARY_SEED
 (printed, and named in every failure) replays it; timing is real, so a replay draws the
@@ -52,6 +55,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from kafka_txn import (
+    InvalidPreparedStateError,
+    PreparedTxnState,
     TransactionDivergedError,
     TransactionOutcomeUnknowableError,
     TransactionOutcomeUnknownError,
@@ -227,13 +232,16 @@ class Writer:
     proc: subprocess.Popen[bytes] | None = None
     launches: int = 0
     via_proxy: bool = False
+    is_async: bool = False
+    """The launch now in the slot runs AsyncDualWriter (adversary_app.py --async)."""
     stopped: bool = False
     exited: list[tuple[str, int]] = field(default_factory=list)
     """(tag, exit code) of launches that ended by themselves: never expected."""
 
     @property
     def tag(self) -> str:
-        return f"w{self.slot}.{self.launches}{'p' if self.via_proxy else ''}"
+        kind = "a" if self.is_async else ""
+        return f"w{self.slot}.{self.launches}{kind}{'p' if self.via_proxy else ''}"
 
     def log(self, tag: str) -> Path:
         return self.folder / f"{tag}.log"
@@ -279,9 +287,11 @@ class Adversary:
     # ---- processes
     def launch(self, w: Writer, via_proxy: bool, seed: int) -> None:
         """Start a new process in ``w``'s slot, its coordinator requests through the
-        fault proxy or not."""
+        fault proxy or not; every other launch (of all slots, in order) is an async
+        writer, so that a slot's successive writers are of both kinds too."""
         w.launches += 1
         w.via_proxy = via_proxy
+        w.is_async = self.tally["launches"] % 2 == 1
         servers = self.proxy.bootstrap_servers if via_proxy else self.broker.bootstrap_servers
         tag = w.tag
         with (w.folder / f"{tag}.err").open("wb") as err:
@@ -290,13 +300,15 @@ class Adversary:
                  "--jdbc-url", self.db.jdbc_url, "--bootstrap-servers", servers,
                  "--topic", self.topic, "--transactional-id", self.txn_id,
                  "--table", self.table, "--tag", tag, "--log", str(w.log(tag)),
-                 "--seed", str(seed), "--records", str(RECORDS)],
+                 "--seed", str(seed), "--records", str(RECORDS),
+                 *(["--async"] if w.is_async else [])],
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             )  # fmt: skip
         w.stopped = False
         self.tally["launches"] += 1
         self.tally["launches_via_proxy"] += via_proxy
+        self.tally["launches_async"] += w.is_async
 
     def reap(self, w: Writer) -> None:
         """Note a launch that ended without being killed by us."""
@@ -333,11 +345,13 @@ class Adversary:
                 w.proc.wait(timeout=30)
                 w.proc = None
                 self.tally["kills"] += 1
+                self.tally["kills_async"] += w.is_async
                 self.at(0.5 * delay, lambda: self.launch(w, *relaunch))
         elif action == "pause":
             if not w.stopped and w.signal(signal.SIGSTOP):
                 w.stopped = True
                 self.tally["pauses"] += 1
+                self.tally["pauses_async"] += w.is_async
 
                 def wake(proc: subprocess.Popen[bytes] | None = w.proc) -> None:
                     if w.proc is proc and w.stopped:
@@ -370,11 +384,14 @@ class Adversary:
     def _calm(self, transactions: int, seconds: float) -> None:
         """No more faults (paused writers still wake, killed ones are still launched
         again, as scheduled) until the writers have committed ``transactions`` in all,
-        or ``seconds`` pass: after the storm, they must get on with their work."""
+        async and sync writers at least one each, or ``seconds`` pass: after the storm,
+        they must get on with their work."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             self._tick()
-            if any(w.exited for w in self.writers) or self.committed() >= transactions:
+            if any(w.exited for w in self.writers):
+                return
+            if self.committed() >= transactions and all(self.committed_by().values()):
                 return
             time.sleep(0.2)
 
@@ -399,6 +416,17 @@ class Adversary:
             }
         )
 
+    def committed_by(self) -> dict[str, int]:
+        """Transactions committed so far by async and by sync writers."""
+        seen = {
+            i.rsplit("-", 1)[0]
+            for _, words in self.events()
+            if words[0] == "committed"
+            for i in words[2:]
+        }
+        kinds = [_is_async_tag(t.split("-")[0]) for t in seen]
+        return {"async": kinds.count(True), "sync": kinds.count(False)}
+
     # ---- what the writers said
     def events(self) -> list[tuple[str, list[str]]]:
         """(tag, words) of every line every launch logged."""
@@ -407,6 +435,11 @@ class Adversary:
             for line in path.read_text(errors="replace").splitlines():
                 out.append((path.stem, line.split(" ")))
         return out
+
+
+def _is_async_tag(tag: str) -> bool:
+    """Whether a launch's tag (``w<slot>.<launch>[a][p]``) names an async writer."""
+    return "a" in tag.split(".", 1)[1]
 
 
 def _recover_last(conf: dict[str, Any], jdbc_url: str) -> str:
@@ -441,6 +474,18 @@ def adversary(
 # reports it: TransactionDivergedError with the epoch bumped once and the start time
 # kept. Transactions here live far less than transaction.timeout.ms (60 s), so no
 # timeout makes that signature; only that fence does, and only it is excused.
+# The same gap opens without a freeze when the InitProducerId is slow (retried for a
+# second or more on CONCURRENT_TRANSACTIONS while the coordinator still ends the previous
+# owner's transaction) and the session is terminated meanwhile. Once that init has
+# completed (Empty, the epoch moved on, the start time gone), the next start() reports
+# the stored transaction TransactionOutcomeUnknowableError instead (and a transaction the
+# init found committed but not yet marked completed is unknowable too). Those reports are
+# excused only with evidence of the gap in the run: the stored transaction's own writer
+# was told its Kafka commit was fenced after its database commit (a
+# TransactionInDoubtError "fenced by a newer instance" carrying that very state), or a
+# writer's start() initialised transactions and then found its lock gone (``late_init``)
+# while the stored transaction began (the coordinator's start time of the transaction
+# between the start() call and that failure: the same machine's clock).
 _FROZEN_START = (
     "not guaranteed (docs/guarantees.md): a start() frozen between its ownership check "
     "and its InitProducerId while its session was terminated fenced a transaction the "
@@ -452,8 +497,52 @@ _FROZEN_START_SIGNATURE = (
 )
 
 
+def _fenced_after_its_database_commit(
+    events: list[tuple[str, list[str]]], stored_state: str
+) -> bool:
+    """Whether a writer reported the transaction ``stored_state`` in doubt because its
+    Kafka commit was fenced after its database commit (adversary_app.py logs the state
+    an error carries as its last word)."""
+    if not stored_state:
+        return False
+    wanted = f"prepared_state={stored_state}"
+    return any(
+        words[:2] == ["error", "TransactionInDoubtError"]
+        and words[-1] == wanted
+        and "fenced by a newer instance" in " ".join(words)
+        for _, words in events
+    )
+
+
+def _gap_explains(stored_state: str, events: list[tuple[str, list[str]]]) -> bool:
+    """Whether the run shows the gap of _FROZEN_START that can make the recovery report
+    on ``stored_state``: see the comment above."""
+    if _fenced_after_its_database_commit(events, stored_state):
+        return True
+    try:
+        began = PreparedTxnState.parse(stored_state).txn_start_ms
+    except InvalidPreparedStateError:
+        return False
+    return began is not None and any(
+        words[0] == "late_init" and int(words[1]) <= began <= int(words[2]) for _, words in events
+    )
+
+
+def _late_init(report: str, events: list[tuple[str, list[str]]]) -> bool:
+    """A writer's exit report is the gap of _FROZEN_START: the divergence signature, or
+    a recovery report the gap explains."""
+    if all(part in report for part in _FROZEN_START_SIGNATURE):
+        return True
+    reports = ("TransactionOutcomeUnknowableError", "TransactionDivergedError")
+    for line in report.splitlines():
+        words = line.split(" ")
+        if words[0] == "fatal" and words[1] in reports and words[-1].startswith("stored_state="):
+            return _gap_explains(words[-1].removeprefix("stored_state="), events)
+    return False
+
+
 @pytest.mark.timeout(300 + 3 * SECONDS)  # the adversary's run, then the checks and cleanup
-@pytest.mark.guarantee("4.4", "4.11", "4.14")
+@pytest.mark.guarantee("4.4", "4.11", "4.14", "9.4")
 def test_dual_writers_under_an_adversary_never_diverge(
     broker: Broker, proxy: FaultProxy, database: Database, adversary: Adversary
 ) -> None:
@@ -468,7 +557,7 @@ def test_dual_writers_under_an_adversary_never_diverge(
     for w in adversary.writers:
         for tag, code in w.exited:
             report = w.report(tag)
-            if all(part in report for part in _FROZEN_START_SIGNATURE):
+            if _late_init(report, adversary.events()):
                 pytest.xfail(f"{_FROZEN_START} {where}:\n{report}")
             pytest.fail(f"writer {tag} exited with {code} {where}:\n{report}")
 
@@ -476,10 +565,13 @@ def test_dual_writers_under_an_adversary_never_diverge(
     try:
         final_outcome = _recover_last(conf, database.jdbc_url)
     except (TransactionDivergedError, TransactionOutcomeUnknowableError) as exc:
+        if _gap_explains(exc.stored_state, adversary.events()):
+            pytest.xfail(f"{_FROZEN_START} {where}: the last writer's recovery: {exc}")
         pytest.fail(f"the last writer's recovery found Kafka lost a transaction {where}: {exc}")
 
     events = adversary.events()
     errors = Counter(words[1] for _, words in events if words[0] == "error")
+    errors["late_init"] = sum(words[0] == "late_init" for _, words in events)
     acknowledged = {i for _, words in events if words[0] == "committed" for i in words[2:]}
     rows = database.rows(adversary.table)
     values = [v for _, v in broker.read_committed(adversary.topic, expected=len(rows))]
@@ -510,6 +602,10 @@ def test_dual_writers_under_an_adversary_never_diverge(
     # The run proves something: work was done, and the adversary did act.
     assert len(transactions) >= MIN_TRANSACTIONS, f"too little work {where}: {tally}"
     assert tally["kills"] >= 1 and tally["pauses"] >= 1, f"no kills or pauses {where}"
+    by_kind = adversary.committed_by()
+    print(f"committed by kind: {by_kind}")
+    assert by_kind["async"] >= 1 and by_kind["sync"] >= 1, f"a kind never committed {where}"
+    assert 1 <= tally["kills_async"] < tally["kills"], f"a kind never killed {where}: {tally}"
     assert errors["ProducerFencedError"] >= 1, f"no writer was ever fenced {where}: {errors}"
     assert proxy.injected, f"no coordinator error was injected {where}"
     if database.sessions is not None:

@@ -5,7 +5,8 @@ fatal errors close the producer, abortable errors abort the transaction,
 ``commit_transaction()`` raises ``CommitFailedException`` for every non-fatal failure,
 and every record failure carries a ``FailureType``. Names that need an optional extra
 (``DualWriter``, ``DualWriteTransaction`` and ``jdbc_to_sqlalchemy``: ``[sql]``;
-``KafkaJdbcSink``: ``[spark]``) are imported on first use; without their extra, using
+``AsyncDualWriter`` and ``AsyncDualWriteTransaction``: ``[asyncio]``; ``KafkaJdbcSink``:
+``[spark]``) are imported on first use; without their extra, using
 one raises an ImportError naming the ``pip install`` command, and ``from kafka_txn
 import *`` leaves them out.
 """
@@ -14,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from kafka_txn._extras import installed, missing_extra
+from kafka_txn.aio.producer import AsyncTransactionalProducer
 from kafka_txn.classification import ERROR_TABLE, ErrorRule, classify
 from kafka_txn.config import ProducerSettings
 from kafka_txn.errors import (
@@ -49,11 +51,14 @@ from . import _logging  # noqa: F401 - a NullHandler: silent unless logging is c
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time, __getattr__ below
+    from kafka_txn.aio.dualwrite import AsyncDualWriter, AsyncDualWriteTransaction
     from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
     from kafka_txn.dualwrite.writer import DualWriter, DualWriteTransaction
     from kafka_txn.spark.sink import KafkaJdbcSink
 
 _OPTIONAL = {
+    "AsyncDualWriter": ("kafka_txn.aio.dualwrite", "asyncio"),
+    "AsyncDualWriteTransaction": ("kafka_txn.aio.dualwrite", "asyncio"),
     "DualWriter": ("kafka_txn.dualwrite", "sql"),
     "DualWriteTransaction": ("kafka_txn.dualwrite", "sql"),
     "jdbc_to_sqlalchemy": ("kafka_txn.dualwrite.jdbc", "sql"),
@@ -80,6 +85,9 @@ if not TYPE_CHECKING:  # hidden from type checkers: they would type any name as 
 
 __all__ = [
     "ERROR_TABLE",
+    "AsyncDualWriteTransaction",
+    "AsyncDualWriter",
+    "AsyncTransactionalProducer",
     "BrokerUnreachableError",
     "CommitFailedException",
     "ConfigurationError",

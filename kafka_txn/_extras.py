@@ -24,6 +24,9 @@ EXTRAS: Final[dict[str, tuple[str, ...]]] = {
     "spark": ("sqlalchemy", "pyspark"),
     "prometheus": ("prometheus_client",),
     "otel": ("opentelemetry",),
+    # AsyncDualWriter: SQLAlchemy's asyncio extension; the async driver of each database
+    # (psycopg, aiomysql, aiosqlite) is imported when an engine for it is made.
+    "asyncio": ("sqlalchemy", "greenlet"),
 }
 """Each extra of pyproject.toml that code imports, and the top-level packages it needs."""
 

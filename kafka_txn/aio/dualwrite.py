@@ -34,12 +34,15 @@ from confluent_kafka import Message
 from kafka_txn._extras import missing_extra
 
 try:
-    import greenlet  # noqa: F401 - SQLAlchemy's asyncio extension imports it only when used
     from sqlalchemy.engine import URL
     from sqlalchemy.exc import NoSuchModuleError
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
     from sqlalchemy.util import concurrency as _concurrency
     from sqlalchemy.util.concurrency import greenlet_spawn
+except ImportError as exc:
+    raise missing_extra("kafka_txn.aio.AsyncDualWriter", "asyncio", exc) from exc
+try:  # after SQLAlchemy: a machine without either is told about SQLAlchemy first
+    import greenlet  # noqa: F401 - SQLAlchemy's asyncio extension imports it only when used
 except ImportError as exc:
     raise missing_extra("kafka_txn.aio.AsyncDualWriter", "asyncio", exc) from exc
 

@@ -23,7 +23,7 @@ _NO_EXTRAS = textwrap.dedent(
     """
     import json, sys
 
-    BLOCKED = {"sqlalchemy", "psycopg", "pymysql", "pyspark", "prometheus_client"}
+    BLOCKED = {"sqlalchemy", "psycopg", "pymysql", "pyspark", "prometheus_client", "greenlet"}
 
     class NoExtras:
         def find_spec(self, name, path=None, target=None):
@@ -41,6 +41,9 @@ _NO_EXTRAS = textwrap.dedent(
     report["loaded"] = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
     statements = {
         "DualWriter": "from kafka_txn import DualWriter",
+        "AsyncDualWriter": "from kafka_txn import AsyncDualWriter",
+        "aio": "from kafka_txn.aio import AsyncDualWriter",
+        "AsyncTransactionalProducer": "from kafka_txn.aio import AsyncTransactionalProducer",
         "DualWriteTransaction": "from kafka_txn import DualWriteTransaction",
         "jdbc_to_sqlalchemy": "from kafka_txn import jdbc_to_sqlalchemy",
         "KafkaJdbcSink": "from kafka_txn import KafkaJdbcSink",
@@ -80,7 +83,14 @@ def no_extras() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-_OPTIONAL = ("DualWriter", "DualWriteTransaction", "jdbc_to_sqlalchemy", "KafkaJdbcSink")
+_OPTIONAL = (
+    "AsyncDualWriter",
+    "AsyncDualWriteTransaction",
+    "DualWriter",
+    "DualWriteTransaction",
+    "jdbc_to_sqlalchemy",
+    "KafkaJdbcSink",
+)
 
 
 def test_star_import_works_without_extras(no_extras):
@@ -90,12 +100,15 @@ def test_star_import_works_without_extras(no_extras):
     assert set(core) - {"__version__"} <= set(no_extras["star"])
     assert not set(_OPTIONAL) & set(no_extras["star"])
     assert no_extras["core"] is None
+    assert no_extras["AsyncTransactionalProducer"] is None  # asyncio needs no extra
 
 
 @pytest.mark.parametrize(
     ("key", "extra", "package"),
     [
         ("DualWriter", "sql", "sqlalchemy"),
+        ("AsyncDualWriter", "asyncio", "sqlalchemy"),
+        ("aio", "asyncio", "sqlalchemy"),
         ("DualWriteTransaction", "sql", "sqlalchemy"),
         ("jdbc_to_sqlalchemy", "sql", "sqlalchemy"),
         ("dualwrite", "sql", "sqlalchemy"),

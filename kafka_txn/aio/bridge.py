@@ -18,9 +18,9 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["LoopCalls", "SerialWorker"]
+__all__ = ["LoopCalls", "SerialWorker", "log_outcome", "running_loop"]
 
 log = logging.getLogger("kafka_txn.aio")
 
@@ -124,3 +124,42 @@ class LoopCalls:
                 fn(*args)
             except BaseException as exc:  # a user callback's: raised by the next call
                 self.on_error(exc)
+
+
+class _Outcome(Protocol):
+    """A finished call: an ``asyncio.Task`` or a ``concurrent.futures.Future``."""
+
+    def cancelled(self) -> bool: ...
+
+    def exception(self) -> BaseException | None: ...
+
+
+def log_outcome(call: str, transactional_id: str) -> Callable[[Any], None]:
+    """A done callback that logs how ``call``, whose caller was cancelled while it ran
+    on, ended: the caller got ``CancelledError``, so this line is where it is told."""
+
+    def logged(done: _Outcome) -> None:
+        if done.cancelled():
+            return
+        exc = done.exception()
+        if exc is None:
+            log.info("%s of %r, whose caller was cancelled, succeeded", call, transactional_id)
+        else:
+            log.warning(
+                "%s of %r, whose caller was cancelled, raised %s: %s",
+                call, transactional_id, type(exc).__name__, exc,
+            )  # fmt: skip
+
+    return logged
+
+
+def running_loop(owner: str) -> asyncio.AbstractEventLoop:
+    """The running event loop, which ``owner``'s callbacks will run on; outside one, a
+    RuntimeError that says where to create ``owner``."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            f"{owner} must be created inside a running event loop: create it in a "
+            "coroutine (asyncio.run(main()), a FastAPI lifespan)"
+        ) from None

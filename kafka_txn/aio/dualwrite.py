@@ -46,6 +46,7 @@ try:  # after SQLAlchemy: a machine without either is told about SQLAlchemy firs
 except ImportError as exc:
     raise missing_extra("kafka_txn.aio.AsyncDualWriter", "asyncio", exc) from exc
 
+from kafka_txn.aio.bridge import log_outcome, running_loop
 from kafka_txn.aio.producer import AsyncDeliveryCallback, AsyncTransactionalProducer
 from kafka_txn.config import TWO_PHASE_COMMIT_KEY, ProducerSettings
 from kafka_txn.dualwrite.engine import database_url, validate_seconds
@@ -363,7 +364,7 @@ class AsyncDualWriter:
         metrics: MetricsHook | None = None,
         tracing: Tracing | TracerProvider | None = None,
     ) -> None:
-        self._loop = _running_loop()
+        self._loop = running_loop("AsyncDualWriter")
         arguments.optional_text(user, "AsyncDualWriter", "user")
         arguments.optional_text(password, "AsyncDualWriter", "password", secret=True)
         mark_after = validate_seconds(mark_completed_after, "mark_completed_after")
@@ -496,7 +497,7 @@ class AsyncDualWriter:
             # not yet delivered): either way the step's end, not the caller, decides
             # what follows. A transaction entered must be rolled back, not dropped with
             # its connection, row lock and Kafka transaction still open.
-            task.add_done_callback(_logged(name, self.transactional_id))
+            task.add_done_callback(log_outcome(name, self.transactional_id))
             raise _UnfinishedStepError(task) from None
 
     # ------------------------------------------------------------------ lifecycle
@@ -615,7 +616,7 @@ class AsyncDualWriter:
         self._steps.add(task)
         task.add_done_callback(self._steps.discard)
         task.add_done_callback(lambda _: self._after_transaction())
-        task.add_done_callback(_logged("transaction (rolled back)", self.transactional_id))
+        task.add_done_callback(log_outcome("transaction (rolled back)", self.transactional_id))
 
     def _after_transaction(self) -> None:
         """The turn handed back; a committed state due to be stored marked completed
@@ -688,29 +689,3 @@ class _UnfinishedStepError(Exception):
 
     def then(self, fn: Callable[[], None]) -> None:
         self.task.add_done_callback(lambda _: fn())
-
-
-def _logged(name: str, transactional_id: str) -> Callable[[asyncio.Task[Any]], None]:
-    def logged(task: asyncio.Task[Any]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is None:
-            log.info("%s of %r, whose caller was cancelled, ended", name, transactional_id)
-        else:
-            log.warning(
-                "%s of %r, whose caller was cancelled, raised %s: %s",
-                name, transactional_id, type(exc).__name__, exc,
-            )  # fmt: skip
-
-    return logged
-
-
-def _running_loop() -> asyncio.AbstractEventLoop:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError(
-            "AsyncDualWriter must be created inside a running event loop: create it in a "
-            "coroutine (asyncio.run(main()), a FastAPI lifespan)"
-        ) from None

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from kafka_txn.aio.bridge import LoopCalls, SerialWorker
+from kafka_txn.aio.bridge import LoopCalls, SerialWorker, log_outcome, running_loop
 from kafka_txn.classification import produce_failure
 from kafka_txn.config import ProducerSettings
 from kafka_txn.errors import IllegalStateError, ProduceFailedException
@@ -183,13 +183,7 @@ class AsyncTransactionalProducer:
         metrics: MetricsHook | None = None,
         tracing: Tracing | TracerProvider | None = None,
     ) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError(
-                "AsyncTransactionalProducer must be created inside a running event loop: "
-                "create it in a coroutine (asyncio.run(main()), a FastAPI lifespan)"
-            ) from None
+        loop = running_loop("AsyncTransactionalProducer")
         conf = config.to_librdkafka() if isinstance(config, ProducerSettings) else config
         if not isinstance(conf, Mapping):
             raise TypeError(
@@ -283,7 +277,7 @@ class AsyncTransactionalProducer:
             if shielded:
                 waiter.add_done_callback(_retrieved)  # its outcome is logged instead
             if shielded or not job.cancel():  # it is running, ran, or must run
-                job.add_done_callback(_log_outcome(call, self.transactional_id))
+                job.add_done_callback(log_outcome(f"{call}()", self.transactional_id))
                 if on_cancel is not None:
                     on_cancel(job)
             raise
@@ -301,7 +295,7 @@ class AsyncTransactionalProducer:
             result = await asyncio.shield(waiter)
         except asyncio.CancelledError:
             waiter.add_done_callback(_retrieved)  # its outcome is logged instead
-            job.add_done_callback(_log_outcome(call, self.transactional_id))
+            job.add_done_callback(log_outcome(f"{call}()", self.transactional_id))
             raise
         if surface:
             self._raise_callback_error(call)
@@ -777,23 +771,3 @@ def _hop(cb: Callable[..., Any], calls: LoopCalls) -> Callable[..., None]:
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
-
-
-def _log_outcome(
-    call: str, transactional_id: str
-) -> Callable[[concurrent.futures.Future[Any]], None]:
-    """A done callback: how a call whose caller was cancelled ended, logged."""
-
-    def logged(job: concurrent.futures.Future[Any]) -> None:
-        if job.cancelled():
-            return
-        exc = job.exception()
-        if exc is None:
-            log.info("%s() of %r, whose caller was cancelled, succeeded", call, transactional_id)
-        else:
-            log.warning(
-                "%s() of %r, whose caller was cancelled, raised %s: %s",
-                call, transactional_id, type(exc).__name__, exc,
-            )  # fmt: skip
-
-    return logged

@@ -29,8 +29,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from confluent_kafka import Message
-
 from kafka_txn._extras import missing_extra
 
 try:
@@ -47,7 +45,7 @@ except ImportError as exc:
     raise missing_extra("kafka_txn.aio.AsyncDualWriter", "asyncio", exc) from exc
 
 from kafka_txn.aio.bridge import log_outcome, running_loop
-from kafka_txn.aio.producer import AsyncDeliveryCallback, AsyncTransactionalProducer
+from kafka_txn.aio.producer import AsyncTransactionalProducer
 from kafka_txn.config import TWO_PHASE_COMMIT_KEY, ProducerSettings
 from kafka_txn.dualwrite.engine import database_url, validate_seconds
 from kafka_txn.dualwrite.writer import DualWriter
@@ -277,48 +275,15 @@ class _GreenletDualWriter(DualWriter):
 class AsyncDualWriteTransaction:
     """What the body of ``writer.transaction()`` gets: ``connection``, an
     ``AsyncConnection`` in the open database transaction (it holds the state-row lock),
-    and ``send``/``produce``/``send_and_wait``, the ``AsyncTransactionalProducer``'s."""
+    and ``send``/``produce``/``send_and_wait``, the ``AsyncTransactionalProducer``'s own
+    methods (same signatures and errors), as ``DualWriteTransaction`` hands out the sync
+    producer's."""
 
     def __init__(self, connection: AsyncConnection, producer: AsyncTransactionalProducer) -> None:
         self.connection = connection
-        self._producer = producer
-
-    async def send(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int = -1,
-        timestamp: int = 0,
-        headers: Any = None,
-    ) -> asyncio.Future[Message]:
-        """``AsyncTransactionalProducer.send``."""
-        return await self._producer.send(topic, value, key, partition, timestamp, headers)
-
-    async def send_and_wait(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int = -1,
-        timestamp: int = 0,
-        headers: Any = None,
-    ) -> Message:
-        """``AsyncTransactionalProducer.send_and_wait``."""
-        return await self._producer.send_and_wait(topic, value, key, partition, timestamp, headers)
-
-    async def produce(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int = -1,
-        on_delivery: AsyncDeliveryCallback | None = None,
-        timestamp: int = 0,
-        headers: Any = None,
-    ) -> None:
-        """``AsyncTransactionalProducer.produce``."""
-        await self._producer.produce(topic, value, key, partition, on_delivery, timestamp, headers)
+        self.send = producer.send
+        self.send_and_wait = producer.send_and_wait
+        self.produce = producer.produce
 
 
 class AsyncDualWriter:

@@ -46,7 +46,7 @@ except ImportError as exc:
 
 from kafka_txn.aio.bridge import log_outcome, running_loop
 from kafka_txn.aio.producer import AsyncTransactionalProducer
-from kafka_txn.config import TWO_PHASE_COMMIT_KEY, ProducerSettings
+from kafka_txn.config import ProducerSettings
 from kafka_txn.dualwrite.engine import database_url, validate_seconds
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import ConfigurationError, IllegalStateError, TransactionAbortableError
@@ -335,15 +335,9 @@ class AsyncDualWriter:
         mark_after = validate_seconds(mark_completed_after, "mark_completed_after")
         self.engine = async_engine_for(database, user, password)
         """The ``AsyncEngine`` the writer and its bodies use."""
-        conf = (
-            producer_config.to_librdkafka()
-            if isinstance(producer_config, ProducerSettings)
-            else dict(producer_config)
-        )
-        conf[TWO_PHASE_COMMIT_KEY] = True
         try:
-            self._writer = _GreenletDualWriter(
-                conf,
+            self._writer = _GreenletDualWriter(  # turns two-phase commit on, as DualWriter
+                producer_config,
                 self.engine.sync_engine,
                 state_table=state_table,
                 id_column=id_column,

@@ -18,7 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kafka_txn.errors import ConfigurationError
 
-__all__ = ["ProducerSettings", "ValidatedConfig", "validate_config"]
+__all__ = [
+    "ERROR_REPORTS_ONLY_KEY",
+    "ProducerSettings",
+    "ValidatedConfig",
+    "error_reports_by_default",
+    "validate_config",
+]
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 """librdkafka's default transaction.timeout.ms."""
@@ -26,6 +32,14 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 TWO_PHASE_COMMIT_KEY = "transaction.two.phase.commit.enable"
 """KIP-939's producer setting. kafka-txn reads it (librdkafka does not know it) and turns
 on prepare_transaction(), init_transactions(keep_prepared_txn=True) and recovery."""
+
+ERROR_REPORTS_ONLY_KEY = "delivery.report.only.error"
+"""librdkafka's setting for delivery reports of failed records only. confluent-kafka
+applies it itself (its ``dr_msg_cb`` drops a success report in C, before it builds a
+``Message``, and frees the record's callback state there), so a delivered record costs
+no Python work at all; a ``TransactionalProducer`` with it set is *error-only*: every
+failure is still classified and refuses the commit, but ``send()`` (whose futures need
+the success reports) is refused."""
 
 _CALLBACK_KEYS = ("on_delivery", "error_cb", "stats_cb")
 
@@ -286,6 +300,8 @@ class ValidatedConfig:
     transaction_timeout_ms: int
     callbacks: Mapping[str, Callable[..., Any]]
     two_phase_commit: bool = False
+    error_reports_only: bool = False
+    """``delivery.report.only.error`` is true: success reports never reach Python."""
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -376,13 +392,11 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
                 f"{key}=false cannot be used: transactions need the idempotent producer; "
                 f"remove the key (kafka-txn turns idempotence on)"
             )
-    if "delivery.report.only.error" in conf and _as_bool(
-        "delivery.report.only.error", conf["delivery.report.only.error"]
-    ):
-        raise ConfigurationError(
-            "delivery.report.only.error=true cannot be used: kafka-txn needs every "
-            "delivery report to resolve send() futures and callbacks; remove the key"
-        )
+    errors_only = ERROR_REPORTS_ONLY_KEY in conf and _as_bool(
+        ERROR_REPORTS_ONLY_KEY, conf[ERROR_REPORTS_ONLY_KEY]
+    )
+    if ERROR_REPORTS_ONLY_KEY in conf:
+        conf[ERROR_REPORTS_ONLY_KEY] = errors_only  # "true"/"1"/... as confluent-kafka reads
     timeout = conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)
     try:
         timeout_ms = int(timeout)
@@ -411,4 +425,15 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
     for key, value in conf.items():
         _check_value_type(key, value)
     conf["enable.idempotence"] = True
-    return ValidatedConfig(conf, txn_id, timeout_ms, callbacks, two_phase)
+    return ValidatedConfig(conf, txn_id, timeout_ms, callbacks, two_phase, errors_only)
+
+
+def error_reports_by_default(conf: dict[str, Any], *, counted: bool) -> dict[str, Any]:
+    """``conf`` for a producer that never hands out ``send()`` futures of its own
+    (``DualWriter``, ``ExactlyOnceProcessor``, the Spark sink's writers): error-only
+    (``delivery.report.only.error`` true) unless the user set the key, either way, or
+    ``counted`` (tracing, or a metrics hook counting each transaction's delivered
+    records, which needs every success report)."""
+    if ERROR_REPORTS_ONLY_KEY not in conf and not counted:
+        conf[ERROR_REPORTS_ONLY_KEY] = True
+    return conf

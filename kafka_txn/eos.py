@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import tenacity
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition, libversion
 
-from kafka_txn.config import ProducerSettings
+from kafka_txn.config import ProducerSettings, error_reports_by_default
 from kafka_txn.errors import (
     BrokerUnreachableError,
     ConfigurationError,
@@ -51,6 +51,7 @@ from kafka_txn.producer import arguments
 from kafka_txn.producer.delivery import DeliveryCallback
 from kafka_txn.producer.reachability import restated
 from kafka_txn.producer.transactional import TransactionalProducer
+from kafka_txn.producer.watch import counts_deliveries
 from kafka_txn.tracing import Tracing, as_tracing
 
 if TYPE_CHECKING:
@@ -284,8 +285,11 @@ class ExactlyOnceProcessor:
             }
         )
         self._outputs = 0  # produced in the open transaction
+        conf = _without_rebootstrap(producer_config)
+        if isinstance(conf, dict):  # the processor hands out no futures: error-only
+            error_reports_by_default(conf, counted=counts_deliveries(metrics, traced))
         self.producer = TransactionalProducer(
-            _without_rebootstrap(producer_config),
+            conf,
             metrics=metrics,
             tracing=traced,
         )

@@ -356,6 +356,11 @@ class AsyncTransactionalProducer:
         return self._sync.state
 
     @property
+    def error_reports_only(self) -> bool:
+        """As ``TransactionalProducer.error_reports_only``: ``send()`` is refused."""
+        return self._sync.error_reports_only
+
+    @property
     def in_transaction(self) -> bool:
         """True between ``begin_transaction()`` and a successful commit or abort."""
         return self._sync.in_transaction
@@ -438,7 +443,10 @@ class AsyncTransactionalProducer:
     ) -> asyncio.Future[Message]:
         """Send one record in the open transaction; returns, once it is queued, a future
         of its delivered ``Message`` (or its ``ProduceFailedException``), settled on the
-        event loop. ``await (await producer.send(...))`` waits for the delivery."""
+        event loop. ``await (await producer.send(...))`` waits for the delivery. Refused
+        (``IllegalStateError``) on an error-only producer, as the sync ``send()``."""
+        if self._sync._errors_only:
+            self._sync._refuse_futures("send")
         if self._sync._life.state is not State.IN_TRANSACTION:
             self._sync._life.refuse_send("send")  # the sync produce() would say produce()
         future: asyncio.Future[Message] = self._calls.loop.create_future()

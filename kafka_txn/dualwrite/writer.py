@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
-from kafka_txn.config import TWO_PHASE_COMMIT_KEY, ProducerSettings
+from kafka_txn.config import TWO_PHASE_COMMIT_KEY, ProducerSettings, error_reports_by_default
 from kafka_txn.dualwrite.body_guard import _BodyGuard
 from kafka_txn.dualwrite.engine import engine_for, validate_identifier, validate_seconds
 from kafka_txn.dualwrite.failures import _FailurePaths
@@ -64,6 +64,7 @@ from kafka_txn.metrics import MetricsHook
 from kafka_txn.producer import arguments
 from kafka_txn.producer.delivery import _add_note
 from kafka_txn.producer.transactional import Serializer, TransactionalProducer
+from kafka_txn.producer.watch import counts_deliveries
 from kafka_txn.state import PreparedTxnState
 from kafka_txn.tracing import Tracing, as_tracing
 from kafka_txn.twophase.recovery import TransactionOutcome
@@ -156,6 +157,7 @@ class DualWriter(_Startup, _FailurePaths):
             else dict(producer_config)
         )
         conf[TWO_PHASE_COMMIT_KEY] = True
+        error_reports_by_default(conf, counted=counts_deliveries(metrics, tracing))
         arguments.flag(create_state_table, "DualWriter", "create_state_table")
         arguments.callback(on_step, "DualWriter", "on_step")
         arguments.optional_text(user, "DualWriter", "user")

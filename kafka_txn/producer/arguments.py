@@ -18,14 +18,15 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from typing import Any, TypeVar
 
 from confluent_kafka import TopicPartition
 
 from kafka_txn.state import PreparedTxnState
 
 __all__ = [
+    "batch",
     "callback",
     "count",
     "flag",
@@ -33,6 +34,7 @@ __all__ = [
     "hook",
     "offsets",
     "optional_text",
+    "partition",
     "prepared_state",
     "timeout",
     "topic",
@@ -105,6 +107,47 @@ def count(
         raise _refuse(call, name, accepted, value, wrong_type=True)
     if value < minimum:
         raise _refuse(call, name, accepted, value, wrong_type=False)
+    return int(value)
+
+
+def batch(values: Iterable[Any], keys: Iterable[Any] | None, call: str) -> Iterator[Any]:
+    """The records of a batch: an iterator of its values, or of ``(value, key)`` pairs
+    when ``keys`` is given. Either is any iterable but a single record's bytes or str
+    (which would be sent a byte or a character at a time) or a mapping (whose keys alone
+    it would iterate); two sized iterables of different lengths are refused here, before
+    anything is queued, and two others when the shorter one ends (``zip(strict=True)``)."""
+    for name, given in (("values", values), ("keys", keys)):
+        if given is None and name == "keys":
+            continue
+        if isinstance(given, (str, bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"{call}({name}=...) must be an iterable of record {name} (a list...), got "
+                f"{_shown(given)}: to send one record, call produce()"
+            )
+        if isinstance(given, Mapping):
+            raise TypeError(
+                f"{call}({name}=...) must be an iterable of record {name}, got a mapping "
+                f"{_shown(given)}: pass values=d.values(), keys=d.keys()"
+            )
+        if not isinstance(given, Iterable):
+            raise _refuse(call, name, f"an iterable of record {name}", given, wrong_type=True)
+    if keys is None:
+        return iter(values)
+    if isinstance(values, Sized) and isinstance(keys, Sized) and len(values) != len(keys):
+        raise ValueError(
+            f"{call}() got {len(values)} values and {len(keys)} keys: pass one key per "
+            "value (None for a record without a key)"
+        )
+    return zip(values, keys, strict=True)
+
+
+def partition(value: int, call: str) -> int:
+    """A partition number >= 0, or -1 (the partitioner chooses)."""
+    accepted = "a partition number >= 0, or -1 (the partitioner chooses)"
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise _refuse(call, "partition", accepted, value, wrong_type=True)
+    if value < -1:
+        raise _refuse(call, "partition", accepted, value, wrong_type=False)
     return int(value)
 
 

@@ -78,6 +78,7 @@ ALLOWED: Final[Mapping[str, frozenset[State]]] = {
     "begin_transaction": frozenset({S.READY, S.ABORTING}),  # ABORTING: finished first
     "produce": frozenset({S.IN_TRANSACTION}),
     "send": frozenset({S.IN_TRANSACTION}),
+    "produce_batch": frozenset({S.IN_TRANSACTION}),
     "send_offsets_to_transaction": frozenset({S.IN_TRANSACTION}),
     "prepare_transaction": frozenset({S.IN_TRANSACTION}),
     "commit_transaction": frozenset(

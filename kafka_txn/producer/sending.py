@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -30,7 +30,7 @@ from kafka_txn.errors import (
     _RecordTypeError,
 )
 from kafka_txn.producer.arguments import topic_problem
-from kafka_txn.producer.delivery import Deliveries
+from kafka_txn.producer.delivery import Deliveries, _add_note
 from kafka_txn.producer.librdkafka import Driver
 
 __all__ = ["Sends", "Serializer"]
@@ -38,7 +38,7 @@ __all__ = ["Sends", "Serializer"]
 Serializer = Callable[[Any, SerializationContext], bytes | None]
 """A confluent-kafka ``Serializer`` or any callable of the same shape."""
 
-_SEND_NAMES = frozenset({"produce", "send"})
+_SEND_NAMES = frozenset({"produce", "produce_batch", "send"})
 """TransactionalProducer's send methods, whose frames hold ``under_way`` as a local."""
 
 _PADDING = 8
@@ -178,6 +178,85 @@ class Sends:
         failure = self.refused(exc, topic, value, key, partition)
         if isinstance(exc, TypeError):
             raise self.type_error(exc, key, value, failure) from None
+        raise failure from exc
+
+    def batch(self, topic: str, records: Iterator[Any], keyed: bool, partition: int) -> int:
+        """The records of ``produce_batch()``, queued one by one in a loop with nothing
+        per record but confluent-kafka's produce() and the loop's own count: the state
+        check, the mark of a send under way and the topic check were done once for the
+        batch. A record that does not go straight in takes ``produce()``'s slow path
+        (``produce_failed``): a full queue is waited for and the batch goes on; a refused
+        record is recorded, as in produce(), and raised, the records after it not
+        queued. An iterable that raises, or keys and values that turn out of different
+        lengths, leave the records before queued: that is recorded as a failed record
+        too, so that the transaction cannot commit a part of the batch. Returns how many
+        records were queued: all of them."""
+        produce = self._io.produce
+        serializing = self._key_serializer is not None or self._value_serializer is not None
+        done = count = 0
+        value: Any = None
+        key: Any = None
+        while True:
+            # count: records taken from the iterable; done: records queued. They differ
+            # after an exception only when produce() raised for the record taken last.
+            try:
+                if serializing:
+                    for count, record in enumerate(records, done + 1):
+                        value, key = record if keyed else (record, None)
+                        key, value = self.serialize(topic, key, value, None)
+                        produce(topic, value, key, partition)
+                        done = count
+                elif keyed and partition == -1:
+                    for count, (value, key) in enumerate(records, done + 1):
+                        produce(topic, value, key)
+                        done = count
+                elif keyed:
+                    for count, (value, key) in enumerate(records, done + 1):
+                        produce(topic, value, key, partition)
+                        done = count
+                elif partition == -1:
+                    for count, value in enumerate(records, done + 1):
+                        produce(topic, value)
+                        done = count
+                else:
+                    for count, value in enumerate(records, done + 1):
+                        produce(topic, value, None, partition)
+                        done = count
+                return done
+            except Exception as exc:
+                failed: Exception = exc
+            # Outside the except block, as in produce(): the slow path calls librdkafka.
+            if count == done:  # the iterable raised, not produce()
+                self._broken_batch(failed, topic, partition, done)
+            try:
+                self.produce_failed(failed, topic, value, key, partition, None, 0, None)
+            except Exception as exc:
+                _add_note(
+                    exc,
+                    f"record {done} of the batch (counting from 0): the {done} before it "
+                    "were queued, none after it",
+                )
+                raise
+            done = count  # queued once there was room: the batch goes on
+
+    def _broken_batch(self, exc: Exception, topic: str, partition: int, done: int) -> None:
+        """A batch's iterable raised ``exc`` after ``done`` records were queued. With
+        none queued, the transaction is as it was: ``exc`` is raised as it is (a length
+        mismatch as a ``ValueError`` that says so). Otherwise a part of the batch is in
+        the transaction: that is recorded as a failed record, which is raised."""
+        mismatch = isinstance(exc, ValueError) and str(exc).startswith("zip()")
+        what = "the batch's keys and values differ in length" if mismatch else None
+        if done == 0:
+            if what is not None:
+                raise ValueError(f"produce_batch(): {what}: pass one key per value") from None
+            raise exc
+        err = KafkaError(
+            KafkaError._INVALID_ARG,
+            f"{what or f'the batch iterable raised {exc!r}'} after {done} records were "
+            "queued: the transaction cannot commit a part of the batch; abort it",
+        )
+        failure = produce_failure(err, topic, partition if partition >= 0 else None, None)
+        self._deliveries.record_failure(failure)
         raise failure from exc
 
     def queue_full(self, topic: str, partition: int, key: Any) -> ProduceFailedException:

@@ -16,14 +16,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import TopicPartition
 
-from kafka_txn.config import ProducerSettings, validate_config
-from kafka_txn.errors import CommitFailedException, IllegalStateError
+from kafka_txn.config import ERROR_REPORTS_ONLY_KEY, ProducerSettings, validate_config
+from kafka_txn.errors import CommitFailedException, ConfigurationError, IllegalStateError
 from kafka_txn.metrics import MetricsHook, timed
 from kafka_txn.producer import arguments
 from kafka_txn.producer.assembly import assemble, resolve_operation_timeout
@@ -31,7 +31,7 @@ from kafka_txn.producer.delivery import DeliveryCallback
 from kafka_txn.producer.futures import _PENDING, DeliveryFuture
 from kafka_txn.producer.lifecycle import State
 from kafka_txn.producer.sending import Serializer
-from kafka_txn.producer.watch import TransactionWatch
+from kafka_txn.producer.watch import TransactionWatch, counts_deliveries
 from kafka_txn.state import PreparedTxnState
 from kafka_txn.tracing import COMPLETE_SPAN, PREPARE_SPAN, Tracing, as_tracing
 from kafka_txn.twophase.prepare import TwoPhase
@@ -79,6 +79,14 @@ class TransactionalProducer:
     ``TracerProvider``; default None: no tracing) records a span per transaction
     (``kafka_txn.tracing``).
 
+    With ``delivery.report.only.error=true`` in ``config`` the producer is *error-only*:
+    confluent-kafka drops the report of each delivered record in C, so ``produce()``
+    costs close to confluent-kafka's own; failed records are reported, classified and
+    refuse the commit as always, ``on_delivery`` callbacks hear of failures only, and
+    ``send()`` (whose futures need the success reports) raises ``IllegalStateError``.
+    It cannot be combined with tracing or per-transaction metrics, which count the
+    delivered records.
+
     ``produce``, ``send`` and ``poll`` may be called from several threads; the
     transactional calls are serialized by a lock.
     """
@@ -112,7 +120,15 @@ class TransactionalProducer:
         ended = getattr(metrics, "transaction_ended", None)
         traced = as_tracing(tracing, call)
         self._watch: TransactionWatch | None = None
-        if traced is not None or callable(ended):
+        self._errors_only = validated.error_reports_only
+        if self._errors_only and counts_deliveries(metrics, traced):
+            raise ConfigurationError(
+                f"{ERROR_REPORTS_ONLY_KEY}=true cannot be used with "
+                + ("tracing" if traced is not None else "metrics.transaction_ended")
+                + ": it counts each transaction's delivered records, which needs every "
+                f"delivery report; remove {ERROR_REPORTS_ONLY_KEY} (or set it to false)"
+            )
+        if counts_deliveries(metrics, traced):
             self._watch = TransactionWatch(
                 self.transactional_id, tracing=traced, ended=ended if callable(ended) else None
             )
@@ -153,6 +169,12 @@ class TransactionalProducer:
     def state(self) -> str:
         """The lifecycle's current state (``kafka_txn.producer.lifecycle.State`` value)."""
         return self._life.state.value
+
+    @property
+    def error_reports_only(self) -> bool:
+        """True when the producer is error-only (``delivery.report.only.error=true``):
+        only failed records are reported, and ``send()`` is refused."""
+        return self._errors_only
 
     @property
     def in_transaction(self) -> bool:
@@ -260,6 +282,50 @@ class TransactionalProducer:
                 self._sends.interrupted(exc, topic, partition, key)
             raise
 
+    def produce_batch(
+        self,
+        topic: str,
+        values: Iterable[Any],
+        keys: Iterable[Any] | None = None,
+        *,
+        partition: int = -1,
+    ) -> int:
+        """Send many records to ``topic`` in the open transaction: one per item of
+        ``values`` (any iterable), with the key at the same position of ``keys`` if
+        given; returns how many were queued (all of them). The state check, the mark of
+        a send under way and the topic name's check run once for the batch, not per
+        record, so that a record costs little more than confluent-kafka's own
+        ``produce()``. Serializers apply to each record; headers, timestamps and
+        per-record callbacks are ``produce()``'s (the producer's ``on_delivery``
+        hears of every record as for ``produce()``).
+
+        Failures are reported per record, as by ``produce()``: a record refused at once
+        raises its ``ProduceFailedException`` (its note says its position in the
+        batch; the records before it are queued, none after it), and any failed record
+        makes the commit fail with ``CommitFailedException``. A full queue is waited
+        for, as in ``produce()``. Arguments of the wrong shape (bytes or a str for
+        ``values``, a mapping, a different number of keys and values) are refused
+        before anything is queued."""
+        call = "produce_batch"
+        records = arguments.batch(values, keys, call)
+        partition = arguments.partition(partition, call)
+        under_way = self._under_way
+        under_way.append(None)  # before the state check: see Sends.await_sends
+        try:  # the outer try also covers the pop, as in produce()
+            try:
+                if self._life.state is not _IN_TXN:
+                    self._life.refuse_send(call)
+                if topic not in self._topics:  # refuses an invalid name, recorded
+                    self._sends.check_topic(topic, partition, None)
+                return self._sends.batch(topic, records, keys is not None, partition)
+            finally:
+                under_way.pop()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # Some records of the batch may be queued: the transaction cannot commit.
+                self._sends.interrupted(exc, topic, partition, None)
+            raise
+
     def send(
         self,
         topic: str,
@@ -269,7 +335,11 @@ class TransactionalProducer:
         timestamp: int = 0,
         headers: Any = None,
     ) -> DeliveryFuture:
-        """Like ``produce()``, returning a ``DeliveryFuture`` of the delivered ``Message``."""
+        """Like ``produce()``, returning a ``DeliveryFuture`` of the delivered ``Message``.
+        Refused (``IllegalStateError``) on an error-only producer, whose delivered records
+        are never reported."""
+        if self._errors_only:
+            self._refuse_futures("send")
         under_way = self._under_way
         under_way.append(None)  # before the state check: see Sends.await_sends
         try:  # the outer try also covers the pop, as in produce()
@@ -447,6 +517,18 @@ class TransactionalProducer:
     def _recovering(self, stored: PreparedTxnState) -> AbstractContextManager[Any]:
         """The watch of recovery: a span of its own."""
         return _UNWATCHED if self._watch is None else self._watch.recovery(stored)
+
+    def _refuse_futures(self, call: str) -> None:
+        """``call`` needs the report of every delivered record, which an error-only
+        producer never receives."""
+        raise IllegalStateError(
+            f"{call}() is not available on producer {self.transactional_id!r}: it is "
+            f"error-only ({ERROR_REPORTS_ONLY_KEY}=true, the default of DualWriter, "
+            "ExactlyOnceProcessor and the Spark sink), so a delivered record is never "
+            "reported and its future could not resolve. Use produce() (failed records "
+            f"still fail the commit), or set '{ERROR_REPORTS_ONLY_KEY}': False in the "
+            "producer config to get send()"
+        )
 
     def _two_phase(self, operation: str) -> TwoPhase:
         if self._twophase is None:

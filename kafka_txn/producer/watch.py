@@ -39,11 +39,18 @@ if TYPE_CHECKING:
 
     from kafka_txn.twophase.prepare import TwoPhase
 
-__all__ = ["TransactionEnded", "TransactionWatch"]
+__all__ = ["TransactionEnded", "TransactionWatch", "counts_deliveries"]
 
 TransactionEnded = Callable[[str, str, int, int], None]
 """``(transactional_id, outcome, records, value_bytes)``: the metrics hook's
 ``transaction_ended``."""
+
+
+def counts_deliveries(metrics: object, tracing: object) -> bool:
+    """Whether a producer with this ``metrics`` hook and ``tracing`` watches each
+    transaction, counting its delivered records from the success reports."""
+    return tracing is not None or callable(getattr(metrics, "transaction_ended", None))
+
 
 COMMITTED, ABORTED, FAILED, UNKNOWN, IN_DOUBT = (
     "committed", "aborted", "failed", "unknown", "in_doubt",

@@ -32,7 +32,6 @@ BASE = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "t"}
         ({**BASE, "enable.idempotence": False}, "enable.idempotence=false"),
         ({**BASE, "enable.idempotence": "false"}, "enable.idempotence=false"),
         ({**BASE, "enable.idempotence": "maybe"}, "not a boolean"),
-        ({**BASE, "delivery.report.only.error": True}, "delivery.report.only.error"),
         ({**BASE, "transaction.timeout.ms": 10}, "too small"),
         ({**BASE, "transaction.timeout.ms": "soon"}, "not a number"),
         ({**BASE, "on_delivery": "not callable"}, "on_delivery must be callable"),
@@ -148,6 +147,7 @@ class _ConfigCase:
     refusals: list[tuple[str, str]] = field(default_factory=list)
     timeout_ms: int = 60_000
     two_phase: bool = False
+    errors_only: bool = False
 
     def conf_for_validation(self) -> Any:
         if self.form == "Mapping" and isinstance(self.conf, dict):
@@ -168,8 +168,12 @@ def _valid_configs(draw: st.DrawFn) -> _ConfigCase:
         if draw(st.booleans()):
             conf[key] = draw(st.sampled_from(_TRUE_SPELLINGS))
     if draw(st.booleans()):
-        conf["delivery.report.only.error"] = draw(st.sampled_from(_FALSE_SPELLINGS))
+        case_errors_only = draw(st.booleans())
+        spellings = _TRUE_SPELLINGS if case_errors_only else _FALSE_SPELLINGS
+        conf["delivery.report.only.error"] = draw(st.sampled_from(spellings))
     case = _ConfigCase(conf, form=draw(st.sampled_from(["dict", "Mapping"])))
+    if "delivery.report.only.error" in conf:
+        case.errors_only = case_errors_only
     if draw(st.booleans()):
         case.timeout_ms = draw(st.integers(min_value=1000, max_value=2**31 - 1))
         conf["transaction.timeout.ms"] = draw(
@@ -235,12 +239,8 @@ def _break_servers(draw: st.DrawFn, case: _ConfigCase) -> None:
 
 
 def _forbid_flag(key: str, draw: st.DrawFn, case: _ConfigCase) -> None:
-    if key == "delivery.report.only.error":
-        case.conf[key] = draw(st.sampled_from(_TRUE_SPELLINGS))
-        case.refusals.append(("delivery reports off", key))
-    else:
-        case.conf[key] = draw(st.sampled_from(_FALSE_SPELLINGS))
-        case.refusals.append(("idempotence off", key))
+    case.conf[key] = draw(st.sampled_from(_FALSE_SPELLINGS))
+    case.refusals.append(("idempotence off", key))
 
 
 def _garble_flag(key: str, draw: st.DrawFn, case: _ConfigCase) -> None:
@@ -277,7 +277,7 @@ _BREAKS = [
     _break_key,
     _break_transactional_id,
     _break_servers,
-    *(partial(_forbid_flag, key) for key in ("enable.idempotence", "delivery.report.only.error")),
+    partial(_forbid_flag, "enable.idempotence"),
     *(partial(_garble_flag, key) for key in _FLAGS),
     _garble_timeout,
     _shorten_timeout,
@@ -309,7 +309,6 @@ _REFUSAL_TEXT = {
     "bootstrap.servers not a string": "must be a string 'host:port\\[,host:port...\\]', got ",
     "idempotence off": "=false cannot be used: transactions need the idempotent producer; "
     "remove the key",
-    "delivery reports off": "=true cannot be used: kafka-txn needs every delivery report",
     "timeout not a number": "is not a number of milliseconds: use a whole number, at least 1000",
     "timeout too small": "is too small: use at least 1000 ms",
     "callback not callable": "must be callable, got .*: pass a function, or remove the key",
@@ -341,12 +340,15 @@ def _check_config(case: _ConfigCase) -> str:
     assert validated.transactional_id == conf["transactional.id"]
     assert validated.transaction_timeout_ms == case.timeout_ms
     assert validated.two_phase_commit is case.two_phase
+    assert validated.error_reports_only is case.errors_only
     assert TWO_PHASE_COMMIT_KEY not in validated.librdkafka
     callbacks = {k: conf[k] for k in config_module._CALLBACK_KEYS if k in conf}
     assert dict(validated.callbacks) == callbacks  # split off, the same objects
     assert all(validated.callbacks[k] is cb for k, cb in callbacks.items())
     dropped = {*callbacks, TWO_PHASE_COMMIT_KEY, "enable.idempotence"}
     passed = {k: v for k, v in conf.items() if k not in dropped}
+    if "delivery.report.only.error" in passed:  # any spelling, as the bool it means
+        passed["delivery.report.only.error"] = case.errors_only
     assert {k: validated.librdkafka[k] for k in passed} == passed  # the rest as given
     assert set(validated.librdkafka) == {*passed, "enable.idempotence"}
     return "valid"

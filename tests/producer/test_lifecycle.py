@@ -68,6 +68,7 @@ KEEP = "init_transactions(keep_prepared_txn=True)"
 BEGIN = "begin_transaction"
 PRODUCE = "produce"
 SEND = "send"
+BATCH = "produce_batch"
 OFFSETS = "send_offsets_to_transaction"
 PREPARE = "prepare_transaction"
 COMMIT = "commit_transaction"
@@ -76,8 +77,8 @@ COMPLETE = "complete_transaction"
 POLL = "poll"
 FLUSH = "flush"
 CLOSE = "close"
-OPERATIONS = (INIT, KEEP, BEGIN, PRODUCE, SEND, OFFSETS, PREPARE, COMMIT, ABORT, COMPLETE,
-              POLL, FLUSH, CLOSE)  # fmt: skip
+OPERATIONS = (INIT, KEEP, BEGIN, PRODUCE, SEND, BATCH, OFFSETS, PREPARE, COMMIT, ABORT,
+              COMPLETE, POLL, FLUSH, CLOSE)  # fmt: skip
 
 # ------------------------------------------------------------------ the specification
 SPEC_MOVES: dict[tuple[State, State], str] = {
@@ -119,7 +120,7 @@ SPEC_CALLS: dict[tuple[State, str], State] = {
     (S.NEW, INIT): S.READY,
     (S.NEW, KEEP): S.RECOVERING,
     (S.READY, BEGIN): S.IN_TRANSACTION,
-    **_also((S.IN_TRANSACTION,), (PRODUCE, SEND, OFFSETS)),
+    **_also((S.IN_TRANSACTION,), (PRODUCE, SEND, BATCH, OFFSETS)),
     (S.IN_TRANSACTION, PREPARE): S.PREPARED,
     (S.IN_TRANSACTION, COMMIT): S.READY,
     (S.IN_TRANSACTION, ABORT): S.READY,
@@ -178,7 +179,7 @@ def test_the_table_names_every_state_and_every_public_call():
     public = {n for n in vars(TransactionalProducer) if not n.startswith("_")}
     # Properties and the context manager (begin_transaction's own guard) aside, every
     # public method of the producer has its row.
-    assert public - {"state", "in_transaction", "transaction"} == {
+    assert public - {"state", "in_transaction", "error_reports_only", "transaction"} == {
         op.split("(", maxsplit=1)[0] for op in OPERATIONS
     }
 
@@ -552,6 +553,8 @@ def _call(bench: Bench, d: Driven, operation: str, value: bytes) -> None:
         p.produce(d.topic, value)
     elif operation == SEND:
         p.send(d.topic, value)
+    elif operation == BATCH:
+        p.produce_batch(d.topic, [value])
     elif operation == OFFSETS:
         offsets = [TopicPartition(d.topic, 0, 1)]
         p.send_offsets_to_transaction(offsets, bench.group_metadata(d))
@@ -581,7 +584,7 @@ def _refusal(state: State, operation: str) -> type[Exception]:
         return FatalError
     if state is S.ABORTABLE and operation == COMMIT:
         return CommitFailedException
-    if state is S.ABORTABLE and operation in (PRODUCE, SEND, PREPARE):
+    if state is S.ABORTABLE and operation in (PRODUCE, SEND, BATCH, PREPARE):
         return TransactionAbortableError
     return IllegalStateError
 
@@ -646,7 +649,7 @@ def test_every_call_in_each_state(bench: Bench, state: State) -> None:
             else:
                 _call(bench, d, op, value)
             assert p.state == state.value, op
-            if op in (PRODUCE, SEND):
+            if op in (PRODUCE, SEND, BATCH):
                 d.kept.append(value)
 
     d = _drive(bench, state, during)

@@ -4,8 +4,11 @@ choice, or the one ``--broker`` names: bench/_broker.py), both behind the same d
 proxy (``--delay-ms``, default 0: direct).
 
 Scenarios (100-byte values, 3-partition topics, a fresh topic and producer per run):
-200k records in 1000-record transactions through raw produce(), produce() and send();
-20k records in 10-record transactions through raw produce() and produce(). Runs are
+200k records in 1000-record transactions through raw produce(), produce(),
+produce_batch() ("batch") and send(); 20k records in 10-record transactions through raw
+produce() and produce(), and the failure path: 10-record transactions, every other one
+aborted ("+aborts"). "err-only" is an error-only producer (delivery.report.only.error=
+true: success reports dropped in C), the others get every report. Runs are
 interleaved and rotated; each figure is the median of its runs, with min..max, and each
 ratio the median of the per-round ratios (a round runs every scenario once), with their
 min..max. "CPU ns/rec" is the producing thread's CPU time per record
@@ -57,16 +60,17 @@ Result = tuple[float, float]
 TARGETS: dict[str, tuple[str, float]] = {
     # at 0 ms: throughput for send(), producing-thread CPU for produce()
     "send 1000/txn": ("rec/s", 0.85),
-    "produce 1000/txn": ("cpu", 1.3),
+    "produce 1000/txn err-only": ("cpu", 1.3),
+    "batch 1000/txn err-only": ("cpu", 1.1),
 }
 
 
-def _raw(bootstrap: str, topic: str, total: int, per_txn: int) -> Result:
+def _raw(bootstrap: str, topic: str, total: int, per_txn: int, aborts: bool = False) -> Result:
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4()}"})
     p.init_transactions()
     cpu = time.thread_time()
     start = time.perf_counter()
-    for _ in range(total // per_txn):
+    for n in range(total // per_txn):
         p.begin_transaction()
         for _ in range(per_txn):
             try:
@@ -74,7 +78,10 @@ def _raw(bootstrap: str, topic: str, total: int, per_txn: int) -> Result:
             except BufferError:
                 p.poll(0.05)
                 p.produce(topic, VALUE)
-        p.commit_transaction()
+        if aborts and n % 2:
+            p.abort_transaction()
+        else:
+            p.commit_transaction()
     elapsed = time.perf_counter() - start
     cpu = time.thread_time() - cpu
     p.flush()
@@ -82,19 +89,31 @@ def _raw(bootstrap: str, topic: str, total: int, per_txn: int) -> Result:
     return total / elapsed, cpu / total * 1e9
 
 
-def _ours(bootstrap: str, topic: str, total: int, per_txn: int, futures: bool) -> Result:
-    p = TransactionalProducer(
-        {"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4()}"}
-    )
+def _ours(
+    bootstrap: str, topic: str, total: int, per_txn: int, how: str, aborts: bool = False
+) -> Result:
+    """kafka-txn through ``how``: "produce", "send", "batch" (produce_batch), each with
+    every delivery report, or with " err-only" (delivery.report.only.error=true)."""
+    conf = {"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4()}"}
+    if how.endswith(" err-only"):
+        conf["delivery.report.only.error"] = True
+    p = TransactionalProducer(conf)
     p.init_transactions()
-    send = p.send if futures else p.produce
+    values = [VALUE] * per_txn
     cpu = time.thread_time()
     start = time.perf_counter()
-    for _ in range(total // per_txn):
+    for n in range(total // per_txn):
         p.begin_transaction()
-        for _ in range(per_txn):
-            send(topic, VALUE)
-        p.commit_transaction()
+        if how.startswith("batch"):
+            p.produce_batch(topic, values)
+        else:
+            send = p.send if how == "send" else p.produce
+            for value in values:
+                send(topic, value)
+        if aborts and n % 2:
+            p.abort_transaction()
+        else:
+            p.commit_transaction()
     elapsed = time.perf_counter() - start
     cpu = time.thread_time() - cpu
     p.close()
@@ -142,6 +161,8 @@ def _held_in_flight(
     """Bytes per record held while ``records`` records wait for their delivery reports
     (none is served: no poll), on the Python heap (tracemalloc) or the C heap."""
     conf = {"bootstrap.servers": bootstrap, "transactional.id": f"bench-mem-{uuid.uuid4()}"}
+    if scenario.endswith("err-only"):
+        conf["delivery.report.only.error"] = True
     p: Producer | TransactionalProducer = (
         Producer(conf) if scenario == "raw" else TransactionalProducer(conf)
     )
@@ -197,13 +218,15 @@ def _ratios(
 
 def _report(results: dict[str, list[Result]]) -> None:
     print(
-        f"\n{'scenario':<18}{'median rec/s':>13}{'min..max':>21}{'vs raw':>19}"
+        f"\n{'scenario':<27}{'median rec/s':>13}{'min..max':>21}{'vs raw':>19}"
         f"{'CPU ns/rec':>11}{'min..max':>15}{'vs raw':>19}  target"
     )
     for name, runs in results.items():
         base = "raw 1000/txn" if "1000" in name else "raw 10/txn"
+        if name.endswith("+aborts") or "+aborts " in name:
+            base += " +aborts"
         rates, cpus = [r[0] for r in runs], [r[1] for r in runs]
-        line = f"{name:<18}{statistics.median(rates):>13,.0f}"
+        line = f"{name:<27}{statistics.median(rates):>13,.0f}"
         line += f"{f'{min(rates):,.0f}..{max(rates):,.0f}':>21}"
         rate_ratio = cpu_ratio = ""
         if not name.startswith("raw") and base in results:
@@ -239,10 +262,20 @@ def _scenarios(
     big, small = int(200_000 * scale), int(20_000 * scale)
     every: dict[str, Callable[[], Result]] = {
         "raw 1000/txn": lambda: _raw(bootstrap, fresh(), big, 1000),
-        "produce 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, futures=False),
-        "send 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, futures=True),
+        "produce 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, "produce"),
+        "produce 1000/txn err-only": lambda: _ours(
+            bootstrap, fresh(), big, 1000, "produce err-only"
+        ),
+        "batch 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, "batch"),
+        "batch 1000/txn err-only": lambda: _ours(bootstrap, fresh(), big, 1000, "batch err-only"),
+        "send 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, "send"),
         "raw 10/txn": lambda: _raw(bootstrap, fresh(), small, 10),
-        "produce 10/txn": lambda: _ours(bootstrap, fresh(), small, 10, futures=False),
+        "produce 10/txn": lambda: _ours(bootstrap, fresh(), small, 10, "produce"),
+        "produce 10/txn err-only": lambda: _ours(bootstrap, fresh(), small, 10, "produce err-only"),
+        "raw 10/txn +aborts": lambda: _raw(bootstrap, fresh(), small, 10, aborts=True),
+        "produce 10/txn +aborts err-only": lambda: _ours(
+            bootstrap, fresh(), small, 10, "produce err-only", aborts=True
+        ),
     }
     return {name: run for name, run in every.items() if only in name}
 
@@ -250,7 +283,7 @@ def _scenarios(
 def _memory_report(bootstrap: str, fresh: Callable[[], str], scale: float) -> None:
     records = int(50_000 * scale)
     rows = []
-    for scenario in ("raw", "produce", "send"):
+    for scenario in ("raw", "produce", "produce err-only", "send"):
         py = statistics.median(
             _held_in_flight(bootstrap, fresh(), scenario, records, True) for _ in range(3)
         )
@@ -263,9 +296,9 @@ def _memory_report(bootstrap: str, fresh: Callable[[], str], scale: float) -> No
         )
         rows.append((scenario, py, c))
     print(f"\nmemory per in-flight record ({records:,} records, reports not served yet):")
-    print(f"{'':<10}{'Python heap B':>15}{'C heap B':>10}{'total B':>9}")
+    print(f"{'':<18}{'Python heap B':>15}{'C heap B':>10}{'total B':>9}")
     for scenario, py, c in rows:
-        print(f"{scenario:<10}{py:>15,.0f}{c:>10,.0f}{py + c:>9,.0f}")
+        print(f"{scenario:<18}{py:>15,.0f}{c:>10,.0f}{py + c:>9,.0f}")
     total = int(1_000_000 * scale)
     for futures in (False, True):
         held = _held_after_delivery(bootstrap, fresh(), total, futures)

@@ -98,12 +98,13 @@ def _normalized(stored: str) -> str | None:
 
 class DualWriteTransaction:
     """What the body of ``writer.transaction()`` gets: ``connection``, the live database
-    connection in its open transaction, and ``produce``/``send``, the producer's own
-    methods (same signatures and errors as ``TransactionalProducer``)."""
+    connection in its open transaction, and ``produce``/``produce_batch``/``send``, the
+    producer's own methods (same signatures and errors as ``TransactionalProducer``)."""
 
     def __init__(self, connection: Connection, producer: TransactionalProducer) -> None:
         self.connection = connection
         self.produce = producer.produce
+        self.produce_batch = producer.produce_batch
         self.send = producer.send
 
 

@@ -225,6 +225,10 @@ class Sends:
                 return done
             except Exception as exc:
                 failed: Exception = exc
+            if self._io.produce is not produce:
+                # close() (a signal handler on this thread) let go of the handle during
+                # the batch: refused as after close(), as produce() is (Handle.detach).
+                raise IllegalStateError("produce_batch() called after close()") from None
             # Outside the except block, as in produce(): the slow path calls librdkafka.
             if count == done:  # the iterable raised, not produce()
                 self._broken_batch(failed, topic, partition, done)

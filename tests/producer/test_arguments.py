@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,25 @@ def _group_metadata(value: object) -> type[Exception] | None:
     return None if value else ValueError
 
 
+def _batch_iterable(value: object) -> type[Exception] | None:
+    """produce_batch()'s values or keys: any iterable but one record's bytes or str, or
+    a mapping."""
+    single = (str, bytes, bytearray, memoryview)
+    if isinstance(value, (*single, Mapping)) or not isinstance(value, Iterable):
+        return TypeError
+    return None
+
+
+def _batch_keys(value: object) -> type[Exception] | None:
+    return None if value is None else _batch_iterable(value)
+
+
+def _partition(value: object) -> type[Exception] | None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        return TypeError
+    return None if value >= -1 else ValueError
+
+
 def _bad_item(item: object) -> bool:
     return not isinstance(item, TopicPartition) or (
         item.partition < 0 or item.offset < 0 or arguments.topic_problem(item.topic) is not None
@@ -136,6 +155,11 @@ _BAD_OFFSETS = st.one_of(
         ]
     ),
 )
+
+_BATCH_SHAPES = st.sampled_from(
+    [b"one record", bytearray(b"v"), memoryview(b"v"), {b"k": b"v"}, None]
+)
+"""Single records and mappings produce_batch() refuses as values or keys, and others."""
 
 CALLS = [
     _Call("init_transactions", "timeout", lambda p, v: p.init_transactions(v), _TIMEOUT),
@@ -190,6 +214,26 @@ CALLS = [
     _Call("poll", "timeout", lambda p, v: p.poll(v), _WAIT),
     _Call("flush", "timeout", lambda p, v: p.flush(v), _WAIT_OR_NONE),
     _Call("close", "timeout", lambda p, v: p.close(v), _WAIT),
+    _Call(
+        "produce_batch",
+        "values",
+        lambda p, v: p.produce_batch("t", v),
+        _batch_iterable,
+        st.one_of(_BATCH_SHAPES, _NUMBERS_AND_OTHERS),
+    ),
+    _Call(
+        "produce_batch",
+        "keys",
+        lambda p, v: p.produce_batch("t", [b"v"], v),
+        _batch_keys,
+        st.one_of(_BATCH_SHAPES, _NUMBERS_AND_OTHERS),
+    ),
+    _Call(
+        "produce_batch",
+        "partition",
+        lambda p, v: p.produce_batch("t", [], partition=v),
+        _partition,
+    ),
 ]
 
 

@@ -79,6 +79,10 @@ def _raw(bootstrap: str, topic: str, total: int, per_txn: int, aborts: bool = Fa
                 p.poll(0.05)
                 p.produce(topic, VALUE)
         if aborts and n % 2:
+            # Delivered first: right after a commit, an abort sent before the partitions
+            # are registered is refused INVALID_TXN_STATE by Apache Kafka, which
+            # librdkafka makes fatal (librdkafka issue 4849; kafka-txn's abort waits too).
+            p.flush()
             p.abort_transaction()
         else:
             p.commit_transaction()

@@ -50,6 +50,11 @@ class State(enum.Enum):
     FATAL = "fatal error"
     CLOSED = "closed"
 
+    # Members are singletons compared by identity (Enum defines no __eq__), so the
+    # identity hash agrees with equality; Enum's own __hash__ is Python code (hashing the
+    # name), which every lookup in the tables below would run, twice per transition.
+    __hash__ = object.__hash__
+
 
 S = State
 _ANY_LIVE = frozenset(State) - {S.CLOSED}
@@ -162,7 +167,7 @@ class Lifecycle:
                 f"internal error: illegal producer state change {source.value!r} -> "
                 f"{target.value!r} for {self._name!r}; please report it"
             )
-        if source is not target:
+        if source is not target and log.isEnabledFor(logging.DEBUG):
             log.debug("producer %r: %s -> %s", self._name, source.value, target.value)
         self.state = target
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 pytest_plugins = (
+    "tests.fixtures.delivery_reports",
     "tests.fixtures.broker",
     "tests.fixtures.cluster",
     "tests.fixtures.mock_cluster",

@@ -182,7 +182,9 @@ class _AwaitingProducer:
         self._aio = aio
         self._sync = aio._sync
         self.transactional_id = aio.transactional_id
-        self.produce = self._sync.produce  # DualWriteTransaction's; the async body's differ
+        # DualWriteTransaction's; the async body's differ
+        self.produce = self._sync.produce
+        self.produce_batch = self._sync.produce_batch
         self.send = self._sync.send
 
     @property
@@ -298,8 +300,10 @@ class AsyncDualWriter:
         async with AsyncDualWriter(config, "jdbc:postgresql://db/shop", user="app") as writer:
             async with writer.transaction() as tx:
                 await tx.connection.execute(orders.insert().values(id=7))
-                await tx.send("orders", b"order 7")
+                await tx.produce("orders", b"order 7")
 
+    Its producer is error-only by default, as ``DualWriter``'s: ``tx.send()`` and
+    ``tx.send_and_wait()`` need ``"delivery.report.only.error": False`` in ``config``.
     Tasks share a writer by taking turns: one ``start()`` or ``transaction()`` at a time,
     in the order they came (each waits up to ``lock_timeout``). What cancellation does
     is in the module docstring and docs/guarantees.md.

@@ -142,7 +142,10 @@ def test_commits_land_once_and_a_failed_body_rolls_both_back(
 
     async def scenario() -> None:
         topic = sides.topic
-        async with AsyncDualWriter(_conf(broker, txn_id), sides.jdbc_url) as writer:
+        # send()/send_and_wait() need every delivery report: the documented opt-out of
+        # the writer's error-only default.
+        conf = {**_conf(broker, txn_id), "delivery.report.only.error": False}
+        async with AsyncDualWriter(conf, sides.jdbc_url) as writer:
             async with writer.transaction() as tx:
                 await tx.connection.execute(insert(sides.table).values(id=1, value="a"))
                 delivered = await tx.send(topic, b"a")

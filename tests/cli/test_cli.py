@@ -728,7 +728,12 @@ def test_recover_does_not_fence_a_live_writer_mid_transaction(broker, jdbc_url, 
     topic = broker.create_topic()
     events = events_table(f"events_{uuid.uuid4().hex[:10]}")
     writer = DualWriter(
-        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}, jdbc_url
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "transactional.id": txn_id,
+            "delivery.report.only.error": False,  # send() below: every delivery report
+        },
+        jdbc_url,
     )
     events.create(writer.engine, checkfirst=True)
     writer.start()

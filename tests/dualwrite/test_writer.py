@@ -125,7 +125,13 @@ def test_two_writers_with_one_transactional_id(broker, jdbc_url, tmp_path):
 def test_exception_in_the_body_rolls_back_both(broker, jdbc_url, txn_id):
     topic = broker.create_topic()
     events = events_table(f"events_{uuid.uuid4().hex[:10]}")
-    conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
+    # send() in the body needs every delivery report: the documented opt-out of the
+    # writer's error-only default.
+    conf = {
+        "bootstrap.servers": broker.bootstrap_servers,
+        "transactional.id": txn_id,
+        "delivery.report.only.error": False,
+    }
     with DualWriter(conf, jdbc_url) as writer:
         events.metadata.create_all(writer.engine, checkfirst=True)
         with pytest.raises(ZeroDivisionError), writer.transaction() as tx:

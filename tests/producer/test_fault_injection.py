@@ -1,5 +1,9 @@
 """Error paths on librdkafka's mock cluster: which errors kill the producer, which abort
-the transaction, and which are retried until commit succeeds."""
+the transaction, and which are retried until commit succeeds. Each test that builds its
+producer from ``mock_config`` runs in both delivery modes (tests/fixtures/
+delivery_reports.py): with every delivery report, and error-only
+(``delivery.report.only.error``), where a failed record is classified the same way and
+``send()`` is refused, so records are produced and flushed instead."""
 
 from __future__ import annotations
 
@@ -32,13 +36,44 @@ from kafka_txn import (
 )
 from kafka_txn.testing import ApiKey, MockCluster
 
-pytestmark = pytest.mark.mock
+pytestmark = [pytest.mark.mock, pytest.mark.delivery_reports("all", "errors")]
 
 
 def _ready(conf: dict) -> TransactionalProducer:
     p = TransactionalProducer(conf, operation_timeout=30)
     p.init_transactions()
     return p
+
+
+def _deliver(p: TransactionalProducer, topic: str, value: bytes, partition: int) -> None:
+    """One record of the open transaction, delivered before this returns: through a
+    ``send()`` future when the producer hears of every delivery, else (error-only, where
+    ``send()`` is refused) ``produce()`` with a per-record callback, which hears of a
+    failure only, and ``flush()``."""
+    if not p.error_reports_only:
+        p.send(topic, value, partition=partition).result(timeout=10)
+        return
+    failed: list[Any] = []
+    p.produce(topic, value, partition=partition, on_delivery=lambda err, msg: failed.append(err))
+    assert p.flush(10) == 0
+    assert failed == []
+
+
+def _delivery_failure(
+    p: TransactionalProducer, topic: str, value: bytes, key: bytes, partition: int
+) -> ProduceFailedException:
+    """The failure of one record expected to fail: from its ``send()`` future, or
+    (error-only) from its per-record ``on_delivery``, which an error-only producer
+    still calls for a failed record."""
+    if not p.error_reports_only:
+        failure = p.send(topic, value, key=key, partition=partition).exception(timeout=30)
+        assert isinstance(failure, ProduceFailedException), repr(failure)
+        return failure
+    heard: list[Any] = []
+    p.produce(topic, value, key=key, partition=partition, on_delivery=lambda e, m: heard.append(e))
+    p.flush(30)
+    assert len(heard) == 1 and isinstance(heard[0], ProduceFailedException), heard
+    return heard[0]
 
 
 @pytest.mark.parametrize(
@@ -80,10 +115,7 @@ def test_not_enough_replicas_until_retries_run_out(mock_cluster, mock_config):
     p = _ready(mock_config(message_send_max_retries=2))
     p.begin_transaction()
     mock_cluster.push_request_errors(ApiKey.PRODUCE, *[KafkaError.NOT_ENOUGH_REPLICAS] * 3)
-    future = p.send("t", b"v", key=b"k1", partition=0)
-
-    failure = future.exception(timeout=30)
-    assert isinstance(failure, ProduceFailedException)
+    failure = _delivery_failure(p, "t", b"v", key=b"k1", partition=0)
     assert failure.failure_type is FailureType.DELIVERY_FAILED
     assert failure.kafka_error.code() == KafkaError.NOT_ENOUGH_REPLICAS
     assert (failure.topic, failure.partition, failure.key) == ("t", 0, b"k1")
@@ -124,10 +156,17 @@ def test_not_enough_replicas_until_retries_run_out(mock_cluster, mock_config):
 def test_retriable_end_txn_errors_commit_after_retries(mock_cluster, mock_config, codes):
     p = _ready(mock_config())
     p.begin_transaction()
-    future = p.send("t", b"v", partition=0)
+    delivered: list[Any] = []
+    if p.error_reports_only:  # no success report: a failure would fail the commit
+        p.produce("t", b"v", partition=0, on_delivery=lambda e, m: delivered.append(e))
+    else:
+        future = p.send("t", b"v", partition=0)
     mock_cluster.push_request_errors(ApiKey.END_TXN, *codes)
     p.commit_transaction()
-    assert future.result(timeout=1).value() == b"v"
+    if p.error_reports_only:
+        assert delivered == []
+    else:
+        assert future.result(timeout=1).value() == b"v"
     assert p.state == "ready"
     p.close()
 
@@ -147,9 +186,13 @@ def test_abort_purges_queued_records_as_transaction_failed(mock_cluster, mock_co
     p.produce("t", b"v", partition=0, on_delivery=lambda err, msg: seen.append(err))
     p.abort_transaction()
     p.poll(0)
-    # The record was either delivered before the abort or purged by it.
-    assert len(seen) == 1
-    if seen[0] is not None:
+    # The record was either delivered before the abort or purged by it; an error-only
+    # producer hears of the purge only.
+    if p.error_reports_only:
+        assert len(seen) <= 1 and None not in seen, seen
+    else:
+        assert len(seen) == 1
+    if seen and seen[0] is not None:
         assert seen[0].failure_type is FailureType.TRANSACTION_FAILED
     # Nothing of the aborted transaction counts against the next one.
     with p.transaction():
@@ -227,7 +270,7 @@ def _in_flight_commit(mock_config, sleep=time.sleep) -> TransactionalProducer:
     p = TransactionalProducer(mock_config(), operation_timeout=30, sleep=sleep)
     p.init_transactions()
     p.begin_transaction()
-    p.send("t", b"v", partition=0).result(timeout=10)
+    _deliver(p, "t", b"v", partition=0)
     return p
 
 
@@ -290,7 +333,7 @@ def test_offsets_outlasting_their_deadline_make_the_transaction_abortable(
     try:
         offsets = [TopicPartition("t", 0, 1)]
         p.begin_transaction()
-        p.send("t", b"v", partition=0).result(timeout=10)
+        _deliver(p, "t", b"v", partition=0)
         mock_cluster.push_request_errors(
             ApiKey.ADD_OFFSETS_TO_TXN, *[KafkaError.COORDINATOR_LOAD_IN_PROGRESS] * 1000
         )
@@ -336,7 +379,7 @@ def test_retriable_errors_are_retried_with_backoff_until_operation_timeout(
     mock_cluster.set_api_version(ApiKey.END_TXN, -1, -1)
     p.init_transactions()
     p.begin_transaction()
-    p.send("t", b"v", partition=0).result(timeout=10)
+    _deliver(p, "t", b"v", partition=0)
     with pytest.raises(TransactionOutcomeUnknownError) as info:
         p.commit_transaction()
     assert info.value.kafka_error.code() == KafkaError._UNSUPPORTED_FEATURE
@@ -385,7 +428,7 @@ def test_a_retried_call_lets_go_of_its_callers_frames(mock_cluster, mock_config,
     mock_cluster.set_api_version(ApiKey.END_TXN, -1, -1)
     p.init_transactions()
     p.begin_transaction()
-    p.send("t", b"v", partition=0).result(timeout=10)
+    _deliver(p, "t", b"v", partition=0)
 
     def commit_holding(held: _Held) -> str:
         try:
@@ -445,7 +488,7 @@ def test_every_retry_gets_the_floor_and_none_starts_with_less_left(
     mock_cluster.set_api_version(ApiKey.END_TXN, -1, -1)
     p.init_transactions()
     p.begin_transaction()
-    p.send("t", b"v", partition=0).result(timeout=10)
+    _deliver(p, "t", b"v", partition=0)
     driver = p._io
     deadline = now[0] + budget
     given: list[tuple[float, float]] = []  # (librdkafka's timeout, budget left at the start)

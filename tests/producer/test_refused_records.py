@@ -4,7 +4,10 @@ overflows; a value of the wrong type): each is a failed record of the transactio
 (MESSAGE_REJECTED, confluent-kafka's error wrapped once), so commit_transaction() raises
 CommitFailedException and nothing of the transaction is visible (guarantee 1.2), and the
 producer goes on after the abort. On the real broker, checked with an independent
-read_committed consumer (kafka-python, tests/support/rig.py)."""
+read_committed consumer (kafka-python, tests/support/rig.py). Each test runs in both
+delivery modes (tests/fixtures/delivery_reports.py): a refused record is a failed record
+for an error-only producer too; ``send()``, refused outright by such a producer, is
+checked with every delivery report only."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from kafka_txn import (
 )
 from tests.support.rig import Broker
 
-pytestmark = pytest.mark.adversary
+pytestmark = [pytest.mark.adversary, pytest.mark.delivery_reports("all", "errors")]
 
 LONE_SURROGATE = "order-\ud800"
 """A str value that is no valid UTF-8: confluent-kafka cannot encode it."""
@@ -99,22 +102,33 @@ def _value_of_wrong_type(p: TransactionalProducer, topic: str) -> None:
     p.produce(topic, {"a": 1})
 
 
+_REFUSED = [
+    ("overflow", _overflowing_partition, ProduceFailedException, KafkaError._INVALID_ARG,
+     OverflowError),
+    ("key", _unencodable_key, ProduceFailedException, KafkaError._KEY_SERIALIZATION,
+     UnicodeEncodeError),
+    ("send", _unencodable_send, ProduceFailedException, KafkaError._VALUE_SERIALIZATION,
+     UnicodeEncodeError),
+    ("header", _unencodable_header, ProduceFailedException, KafkaError._INVALID_ARG,
+     UnicodeEncodeError),
+    # A wrong type is a programming error: raised as a TypeError saying what to pass
+    # (docs/guide/producer.md), and still a record the transaction lost.
+    ("type", _value_of_wrong_type, TypeError, KafkaError._INVALID_ARG, TypeError),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("call", "raised", "code", "cause"),
+    ("delivery_reports", "call", "raised", "code", "cause"),
     [
-        (_overflowing_partition, ProduceFailedException, KafkaError._INVALID_ARG, OverflowError),
-        (_unencodable_key, ProduceFailedException, KafkaError._KEY_SERIALIZATION,
-         UnicodeEncodeError),
-        (_unencodable_send, ProduceFailedException, KafkaError._VALUE_SERIALIZATION,
-         UnicodeEncodeError),
-        (_unencodable_header, ProduceFailedException, KafkaError._INVALID_ARG,
-         UnicodeEncodeError),
-        # A wrong type is a programming error: raised as a TypeError saying what to pass
-        # (docs/guide/producer.md), and still a record the transaction lost.
-        (_value_of_wrong_type, TypeError, KafkaError._INVALID_ARG, TypeError),
+        pytest.param(mode, *case, id=f"{mode}-{name}")
+        for mode in ("all", "errors")
+        for name, *case in _REFUSED
+        # send() needs every delivery report: an error-only producer refuses it outright
+        # (tests/producer/test_delivery_modes.py), so that case runs with "all" only.
+        if not (name == "send" and mode == "errors")
     ],
-    ids=["overflow", "key", "send", "header", "type"],
-)  # fmt: skip
+    indirect=["delivery_reports"],
+)
 @pytest.mark.guarantee("1.2")
 def test_every_record_confluent_kafka_refuses_fails_the_commit(
     broker: Broker,

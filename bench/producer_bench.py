@@ -7,8 +7,10 @@ Scenarios (100-byte values, 3-partition topics, a fresh topic and producer per r
 200k records in 1000-record transactions through raw produce(), produce(),
 produce_batch() ("batch") and send(); 20k records in 10-record transactions through raw
 produce() and produce(), and the failure path: 10-record transactions, every other one
-aborted ("+aborts"). "err-only" is an error-only producer (delivery.report.only.error=
-true: success reports dropped in C), the others get every report. Runs are
+aborted ("+aborts"). "raw+cb" is raw with delivery reports handed to a C-level callable,
+as kafka-txn's producer hands them: confluent-kafka's own cost per report. "err-only"
+is an error-only producer (delivery.report.only.error=true: success reports dropped in
+C), the others get every report. Runs are
 interleaved and rotated; each figure is the median of its runs, with min..max, and each
 ratio the median of the per-round ratios (a round runs every scenario once), with their
 min..max. "CPU ns/rec" is the producing thread's CPU time per record
@@ -65,8 +67,20 @@ TARGETS: dict[str, tuple[str, float]] = {
 }
 
 
-def _raw(bootstrap: str, topic: str, total: int, per_txn: int, aborts: bool = False) -> Result:
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4()}"})
+def _raw(
+    bootstrap: str, topic: str, total: int, per_txn: int, aborts: bool = False, reports: str = ""
+) -> Result:
+    """Raw confluent-kafka; ``reports`` "all" or "err-only" hands delivery reports to a
+    C-level callable (``dict.setdefault``) as kafka-txn's producer does, every one or
+    failures only: what confluent-kafka itself costs per report, no Python frame."""
+    conf: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "transactional.id": f"bench-{uuid.uuid4()}",
+    }
+    if reports:
+        conf["on_delivery"] = {}.setdefault
+        conf["delivery.report.only.error"] = reports == "err-only"
+    p = Producer(conf)
     p.init_transactions()
     cpu = time.thread_time()
     start = time.perf_counter()
@@ -98,7 +112,10 @@ def _ours(
 ) -> Result:
     """kafka-txn through ``how``: "produce", "send", "batch" (produce_batch), each with
     every delivery report, or with " err-only" (delivery.report.only.error=true)."""
-    conf = {"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4()}"}
+    conf: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "transactional.id": f"bench-{uuid.uuid4()}",
+    }
     if how.endswith(" err-only"):
         conf["delivery.report.only.error"] = True
     p = TransactionalProducer(conf)
@@ -164,7 +181,10 @@ def _held_in_flight(
 ) -> float:
     """Bytes per record held while ``records`` records wait for their delivery reports
     (none is served: no poll), on the Python heap (tracemalloc) or the C heap."""
-    conf = {"bootstrap.servers": bootstrap, "transactional.id": f"bench-mem-{uuid.uuid4()}"}
+    conf: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "transactional.id": f"bench-mem-{uuid.uuid4()}",
+    }
     if scenario.endswith("err-only"):
         conf["delivery.report.only.error"] = True
     p: Producer | TransactionalProducer = (
@@ -233,7 +253,7 @@ def _report(results: dict[str, list[Result]]) -> None:
         line = f"{name:<27}{statistics.median(rates):>13,.0f}"
         line += f"{f'{min(rates):,.0f}..{max(rates):,.0f}':>21}"
         rate_ratio = cpu_ratio = ""
-        if not name.startswith("raw") and base in results:
+        if name not in (base, "raw 10/txn", "raw 1000/txn") and base in results:
             med, lo, hi = _ratios(results, name, base, 0)
             rate_ratio = f"{med:.2f}x ({lo:.2f}..{hi:.2f})"
             med, lo, hi = _ratios(results, name, base, 1)
@@ -266,6 +286,8 @@ def _scenarios(
     big, small = int(200_000 * scale), int(20_000 * scale)
     every: dict[str, Callable[[], Result]] = {
         "raw 1000/txn": lambda: _raw(bootstrap, fresh(), big, 1000),
+        "raw+cb 1000/txn": lambda: _raw(bootstrap, fresh(), big, 1000, reports="all"),
+        "raw+cb 1000/txn err-only": lambda: _raw(bootstrap, fresh(), big, 1000, reports="err-only"),
         "produce 1000/txn": lambda: _ours(bootstrap, fresh(), big, 1000, "produce"),
         "produce 1000/txn err-only": lambda: _ours(
             bootstrap, fresh(), big, 1000, "produce err-only"

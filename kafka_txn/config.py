@@ -431,9 +431,10 @@ def validate_config(config: Mapping[str, Any] | ProducerSettings) -> ValidatedCo
 def error_reports_by_default(conf: dict[str, Any], *, counted: bool) -> dict[str, Any]:
     """``conf`` for a producer that never hands out ``send()`` futures of its own
     (``DualWriter``, ``ExactlyOnceProcessor``, the Spark sink's writers): error-only
-    (``delivery.report.only.error`` true) unless the user set the key, either way, or
+    (``delivery.report.only.error`` true) unless the user set the key, either way, gave
+    an ``on_delivery`` callback (which would otherwise stop hearing of deliveries), or
     ``counted`` (tracing, or a metrics hook counting each transaction's delivered
     records, which needs every success report)."""
-    if ERROR_REPORTS_ONLY_KEY not in conf and not counted:
+    if ERROR_REPORTS_ONLY_KEY not in conf and "on_delivery" not in conf and not counted:
         conf[ERROR_REPORTS_ONLY_KEY] = True
     return conf

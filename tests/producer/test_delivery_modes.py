@@ -324,6 +324,9 @@ def test_a_traced_or_counted_dual_writer_keeps_every_report(
         assert writer.producer.error_reports_only
     with DualWriter({**mock_config(), ERROR_REPORTS_ONLY_KEY: False}, url) as writer:
         assert not writer.producer.error_reports_only
+    heard: list[Any] = []
+    with DualWriter({**mock_config(), "on_delivery": heard.append}, url) as writer:
+        assert not writer.producer.error_reports_only  # the user's callback hears all
     with pytest.raises(ConfigurationError, match=ERROR_REPORTS_ONLY_KEY):
         DualWriter({**mock_config(), ERROR_REPORTS_ONLY_KEY: True}, url, **kwargs)
 

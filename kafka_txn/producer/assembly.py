@@ -108,7 +108,7 @@ def assemble(
         max_message_bytes=_message_max_bytes(validated),
     )
     conf = dict(validated.librdkafka)
-    conf["on_delivery"] = deliveries.sink
+    conf["on_delivery"] = deliveries.sink(validated.error_reports_only)
     conf["error_cb"] = io.on_error
     # librdkafka's own log lines go to Python logging (served from poll()), not stderr.
     conf.setdefault("logger", _LIBRDKAFKA_LOG)

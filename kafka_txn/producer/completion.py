@@ -256,7 +256,11 @@ class Completion:
             if not self._sends.await_sends(time.monotonic() + budget):
                 raise self._io.commit_failed(_sends_under_way(budget))
             first_failure = self._deliveries.first_failure
-            if first_failure is not None:  # a record already failed: cannot commit
+            if first_failure is not None and state is not State.COMMITTING:
+                # A record already failed: cannot commit. A resumed commit runs all the
+                # same: librdkafka holds the commit that ran out of time, and refuses
+                # every abort ("Conflicting commit_transaction API call is already in
+                # progress") until that commit has returned, here with the failure.
                 raise self._io.commit_failed(first_failure)
             try:
                 self._io.retrying(

@@ -84,10 +84,16 @@ class Deliveries:
         self._metrics = metrics
         self._on_fatal = on_fatal
 
-    @property
-    def sink(self) -> Callable[[KafkaError | None, Message], Any]:
-        """The callable librdkafka gets as ``on_delivery``."""
-        return self.reports.setdefault if self.user_on_delivery is None else self.on_delivery
+    def sink(self, errors_only: bool) -> Callable[[KafkaError | None, Message], Any]:
+        """The callable librdkafka gets as ``on_delivery``. An error-only producer's gets
+        failures only, so ``on_delivery`` takes them at no cost to delivered records;
+        otherwise, without a user callback, a dict's C-level ``setdefault`` keeps each
+        delivered record's report out of Python. (That dict hashes the ``KafkaError``,
+        and confluent-kafka hashes one to its code: for UNKNOWN_SERVER_ERROR, -1, which
+        CPython takes for a failed hash, so the report is lost in a SystemError.)"""
+        if errors_only or self.user_on_delivery is not None:
+            return self.on_delivery
+        return self.reports.setdefault
 
     def reset(self) -> None:
         """Forget the failures of the previous transaction."""

@@ -11,6 +11,7 @@ refuses (KIP-691).
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,9 @@ Serializer = Callable[[Any, SerializationContext], bytes | None]
 
 _SEND_NAMES = frozenset({"produce", "produce_batch", "send"})
 """TransactionalProducer's send methods, whose frames hold ``under_way`` as a local."""
+
+_ZIP_MISMATCH = re.compile(r"zip\(\) argument 2 is (shorter|longer) than argument 1")
+"""What ``zip(values, keys, strict=True)`` raises when the lengths differ."""
 
 _PADDING = 8
 """Entries ``Sends.under_way`` holds when no send is under way. CPython shrinks a
@@ -231,7 +235,7 @@ class Sends:
                 raise IllegalStateError("produce_batch() called after close()") from None
             # Outside the except block, as in produce(): the slow path calls librdkafka.
             if count == done:  # the iterable raised, not produce()
-                self._broken_batch(failed, topic, partition, done)
+                self._broken_batch(failed, topic, partition, done, keyed)
             try:
                 self.produce_failed(failed, topic, value, key, partition, None, 0, None)
             except Exception as exc:
@@ -243,12 +247,21 @@ class Sends:
                 raise
             done = count  # queued once there was room: the batch goes on
 
-    def _broken_batch(self, exc: Exception, topic: str, partition: int, done: int) -> None:
+    def _broken_batch(
+        self, exc: Exception, topic: str, partition: int, done: int, keyed: bool
+    ) -> None:
         """A batch's iterable raised ``exc`` after ``done`` records were queued. With
-        none queued, the transaction is as it was: ``exc`` is raised as it is (a length
-        mismatch as a ``ValueError`` that says so). Otherwise a part of the batch is in
-        the transaction: that is recorded as a failed record, which is raised."""
-        mismatch = isinstance(exc, ValueError) and str(exc).startswith("zip()")
+        none queued, the transaction is as it was: ``exc`` is raised as it is (keys and
+        values of different lengths, which ``zip(strict=True)`` found, as a
+        ``ValueError`` that says so). Otherwise a part of the batch is in the
+        transaction: that is recorded as a failed record, which is raised."""
+        mismatch = (
+            keyed
+            and isinstance(exc, ValueError)
+            and exc.__traceback__ is not None
+            and exc.__traceback__.tb_next is None  # raised by zip itself, not inside it
+            and _ZIP_MISMATCH.fullmatch(str(exc)) is not None
+        )
         what = "the batch's keys and values differ in length" if mismatch else None
         if done == 0:
             if what is not None:
@@ -394,7 +407,23 @@ class Sends:
             produce_failure(err, topic, partition, key if isinstance(key, (bytes, str)) else None)
         )
 
-    def _own_sends(self) -> int:
+    def refuse_inside_own_send(self, call: str) -> None:
+        """``call`` (commit, abort, prepare, complete) made on a thread that is inside a
+        send of this producer: a signal handler, a serializer, a batch's iterable or a
+        callback a full queue's wait served. That send passed its state check and goes
+        on queuing after ``call`` returns (a batch, its remaining records), so the call
+        would not cover it: its records would join the next transaction, or part of a
+        batch would commit. Refused before anything changes. ``close()`` is not refused
+        (a SIGTERM handler's): the sends after it are refused as after close()."""
+        if self._own_sends(2):
+            raise IllegalStateError(
+                f"{call}() called from inside a produce()/produce_batch()/send() of this "
+                "producer on the same thread (a signal handler, serializer, callback or "
+                f"batch iterable?): it would not cover the records that send has still to "
+                f"queue; call {call}() once the send has returned (close() may be called)"
+            )
+
+    def _own_sends(self, depth: int = 1) -> int:
         """produce()/send() calls of this producer under way on the calling thread
         itself: a signal handler (SIGTERM calling close()) runs on the main thread
         between two bytecodes, also inside a send whose librdkafka produce() returned.
@@ -402,7 +431,7 @@ class Sends:
         their record is queued already, and the abort (or commit) covers it. Found by
         walking this thread's frames (no cost per record)."""
         own = 0
-        frame: FrameType | None = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(depth)
         while frame is not None:
             if (
                 frame.f_code.co_name in _SEND_NAMES

@@ -303,10 +303,19 @@ class TransactionalProducer:
         raises its ``ProduceFailedException`` (its note says its position in the
         batch; the records before it are queued, none after it), and any failed record
         makes the commit fail with ``CommitFailedException``. A full queue is waited
-        for, as in ``produce()``. Arguments of the wrong shape (bytes or a str for
-        ``values``, a mapping, a different number of keys and values) are refused
-        before anything is queued."""
+        for, as in ``produce()``. Arguments of the wrong shape (a topic that is no str,
+        bytes or a str for ``values``, a mapping, a different number of keys and values)
+        are refused before anything is queued.
+
+        Commit, abort, prepare and complete called on the batch's own thread while it
+        runs (from a signal handler, a serializer or the iterable) raise
+        ``IllegalStateError``: they would not cover the rest of the batch."""
         call = "produce_batch"
+        if not isinstance(topic, str):  # produce() leaves it to confluent-kafka
+            raise TypeError(
+                f"produce_batch(topic=...) must be a topic name (str), got {topic!r:.60} "
+                f"({type(topic).__name__})"
+            )
         records = arguments.batch(values, keys, call)
         partition = arguments.partition(partition, call)
         under_way = self._under_way
@@ -399,6 +408,7 @@ class TransactionalProducer:
         ``commit_transaction()`` again; never abort then). A prepared transaction's
         failed commit raises ``TransactionInDoubtError`` instead: it is never aborted."""
         timeout = arguments.timeout(timeout, "commit_transaction")
+        self._sends.refuse_inside_own_send("commit_transaction")
         with self._lock, self._watching("commit_transaction", "committed"):
             self._completion.commit(timeout)
             self._completion.raise_callback_error("commit_transaction() succeeded")
@@ -409,6 +419,7 @@ class TransactionalProducer:
         commit may have reached the broker (a timed-out commit, a prepared transaction
         whose commit was attempted)."""
         timeout = arguments.timeout(timeout, "abort_transaction")
+        self._sends.refuse_inside_own_send("abort_transaction")
         with self._lock, self._watching("abort_transaction", "aborted"):
             self._completion.abort(timeout)
             self._completion.raise_callback_error("abort_transaction() succeeded")
@@ -426,6 +437,7 @@ class TransactionalProducer:
         ``complete_transaction``/``commit_transaction``/``abort_transaction`` are
         allowed. A transaction that sent nothing prepares to the empty state."""
         timeout = arguments.timeout(timeout, "prepare_transaction")
+        self._sends.refuse_inside_own_send("prepare_transaction")
         with (
             self._lock,
             timed(self._metrics, "prepare_transaction"),
@@ -476,6 +488,7 @@ class TransactionalProducer:
         timeout = arguments.timeout(timeout, call)
         if isinstance(state, str):
             state = PreparedTxnState.parse(state)
+        self._sends.refuse_inside_own_send(call)
         with self._lock:
             twophase = self._two_phase("complete_transaction")
             current = self._life.state

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from kafka_txn import (
     CommitFailedException,
     FailureType,
+    FatalError,
     IllegalStateError,
     KafkaTxnError,
     ProduceFailedException,
@@ -913,7 +914,9 @@ def _expected(case: _Case) -> tuple[str, list[Record]]:
     """The branch ``case`` must reach, and the records a commit then holds."""
     n = len(case.values) if isinstance(case.values, list) else 0
     m = case.mutation
-    if m.startswith(("values ", "keys ", "partition bad")) or m == "sized lengths":
+    if m.startswith(("values ", "keys ", "partition bad", "topic not a str")) or (
+        m == "sized lengths"
+    ):
         return "refused: shape", []
     if m == "unsized lengths":
         shorter = min(n, len(case.keys or []))
@@ -926,7 +929,7 @@ def _expected(case: _Case) -> tuple[str, list[Record]]:
         return "committed empty", []
     if m == "partition out of range":
         return "delivery failed", []
-    if m != "none":  # a record refused: the first one for a topic of the wrong type
+    if m != "none":  # a record refused
         return "record refused", []
     keys = case.keys if case.keys is not None else [None] * n
     return "committed", [(_encoded(k), _encoded(v)) for v, k in zip(case.values, keys, strict=True)]
@@ -963,8 +966,7 @@ class _Fuzz:
                 reached = "delivery failed"
             assert reached == branch, (case, exc)
             if reached == "record refused" and case.mutation != "invalid topic":
-                k = 0 if case.mutation == "topic not a str" else case.k
-                assert _position_note(k) + ", none after it" in _note(exc), (case, exc)
+                assert _position_note(case.k) + ", none after it" in _note(exc), (case, exc)
             if reached == "batch broken":
                 shorter = min(len(case.values), len(case.keys or ()))
                 k = case.k if case.mutation == "iterable raises" else shorter
@@ -1043,3 +1045,77 @@ def test_fuzz_random_batches(broker: Broker, producer_config: dict[str, Any]) ->
 
         run()
     assert _committed(broker, topic, len(fuzz.committed)) == fuzz.committed
+
+
+# ------------------------------------------------------- calls from the batch's own thread
+@pytest.mark.adversary
+@pytest.mark.guarantee("1.8", "1.21")
+@pytest.mark.parametrize("call", ["commit", "prepare", "abort"])
+def test_a_transactional_call_on_the_batchs_own_thread_is_refused(
+    broker: Broker, producer_config: dict[str, Any], call: str
+) -> None:
+    """Commit, prepare or abort called between two records of a batch, on the batch's own
+    thread (a signal handler, a serializer, the iterable): it would not cover the records
+    the batch has still to queue, so it raises IllegalStateError and changes nothing; the
+    batch goes on, and its commit holds every record of it once. Had the commit run, a
+    part of the batch would be committed and the rest land in the next transaction."""
+    topic = broker.create_topic(partitions=1)
+    conf = {**producer_config, "transaction.two.phase.commit.enable": True}
+    producer = TransactionalProducer(conf, operation_timeout=20)
+    refused: list[BaseException] = []
+
+    def values() -> Iterator[bytes]:
+        for i, value in enumerate(_values(8)):
+            if i == 4:
+                method = {
+                    "commit": producer.commit_transaction,
+                    "prepare": producer.prepare_transaction,
+                    "abort": producer.abort_transaction,
+                }[call]
+                with pytest.raises(IllegalStateError, match="same thread") as info:
+                    method()
+                refused.append(info.value)
+                assert producer.state == "in transaction"
+            yield value
+
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        assert producer.produce_batch(topic, values()) == 8
+        assert len(refused) == 1
+        producer.commit_transaction()
+        assert _committed(broker, topic, 8) == [(None, v) for v in _values(8)]
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.mark.mock
+@pytest.mark.guarantee("1.3", "1.20")
+def test_unknown_server_error_on_produce_is_classified_on_an_error_only_producer(
+    mock_cluster: MockCluster, mock_config: Callable[..., dict[str, Any]]
+) -> None:
+    """A Produce answered UNKNOWN_SERVER_ERROR (code -1, which confluent-kafka's
+    KafkaError hashes to CPython's error value): an error-only producer's failure sink
+    takes the report without hashing it, so the record's ProduceFailedException is
+    recorded and classified (KIP-691: an unexpected error is fatal), and the commit
+    raises the fatal error with that record as its cause, never a SystemError."""
+    mock_cluster.create_topic("u", partitions=1)
+    producer = TransactionalProducer(
+        mock_config(delivery_report_only_error=True), operation_timeout=20
+    )
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce("u", b"warm-up")  # registers the partition first
+        producer.flush(10)
+        mock_cluster.push_request_errors(ApiKey.PRODUCE, KafkaError.UNKNOWN)
+        producer.produce_batch("u", _values(3), _values(3, "k"))
+        with pytest.raises(FatalError) as info:
+            producer.commit_transaction()
+        cause = info.value.__cause__
+        assert isinstance(cause, ProduceFailedException), repr(cause)
+        assert cause.code() == KafkaError.UNKNOWN
+        assert cause.key == b"k-0"
+        assert producer.state == "fatal error"
+    finally:
+        producer.close(timeout=5)

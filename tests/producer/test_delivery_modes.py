@@ -35,6 +35,7 @@ from kafka_txn import (
     IllegalStateError,
     ProduceFailedException,
     TransactionalProducer,
+    TransactionOutcomeUnknownError,
 )
 from kafka_txn.aio import AsyncDualWriter, AsyncTransactionalProducer
 from kafka_txn.config import ERROR_REPORTS_ONLY_KEY
@@ -135,6 +136,56 @@ def test_a_record_the_broker_refuses_fails_the_commit_and_only_the_failure_is_he
                 assert attempt == 0
     assert broker.read_committed(topic, expected=1) == [(None, b"next")]
     assert all(err is not None for err, _ in config_heard), config_heard
+
+
+@pytest.mark.guarantee("1.2", "1.9", "1.20")
+@pytest.mark.parametrize("errors_only", [False, True], ids=["reports", "errors-only"])
+def test_a_commit_resumed_after_a_refused_record_fails_and_the_abort_works(
+    broker: Broker, producer_config: dict[str, Any], errors_only: bool
+) -> None:
+    """The broker refuses record 3 of 60 sent one per batch: librdkafka cannot deliver
+    the records after it (their sequence numbers follow a refused one), so the commit's
+    flush outlasts operation_timeout: TransactionOutcomeUnknownError, "call
+    commit_transaction() again". Called again, the commit is resumed inside librdkafka
+    and fails with the refused record as its cause; then abort_transaction() works,
+    nothing is visible, and the next transaction commits. (Refusing the resumed commit
+    at once would leave librdkafka's own commit pending, and every abort refused.)"""
+    topic = _limited_topic(broker, 3000)
+    conf = {**producer_config, "linger.ms": 0, "batch.num.messages": 1}
+    if errors_only:
+        conf[ERROR_REPORTS_ONLY_KEY] = True
+    producer = TransactionalProducer(conf, operation_timeout=5)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        values = [b"v%02d" % i for i in range(60)]
+        values[3] = b"z" * 5000
+        producer.produce_batch(topic, values)
+        try:
+            producer.commit_transaction()
+        except TransactionOutcomeUnknownError:
+            assert producer.state == "committing"
+            with pytest.raises(CommitFailedException) as info:
+                producer.commit_transaction()
+        else:
+            pytest.fail("committed a transaction with a record the broker refused")
+        cause = info.value.__cause__
+        assert isinstance(cause, ProduceFailedException), repr(cause)
+        assert cause.failure_type is FailureType.MESSAGE_REJECTED
+        producer.abort_transaction()
+        assert broker.read_committed(topic, expected=0) == []
+        for attempt in range(2):  # the first may fail once as out of order (guide)
+            producer.begin_transaction()
+            producer.produce(topic, b"next")
+            try:
+                producer.commit_transaction()
+                break
+            except CommitFailedException:
+                producer.abort_transaction()
+                assert attempt == 0
+        assert broker.read_committed(topic, expected=1) == [(None, b"next")]
+    finally:
+        producer.close(timeout=5)
 
 
 @pytest.mark.guarantee("1.20")

@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from kafka_txn.dualwrite.engine import _in_transaction, _is_cancelled, _is_lock_timeout
 from kafka_txn.dualwrite.exact_ids import exact_string
-from kafka_txn.dualwrite.pg_pipeline import Decision, pipelining
+from kafka_txn.dualwrite.pg_pipeline import Decision, DriverStatements, pipelining
 from kafka_txn.dualwrite.state_table import _StateTableChecks
 from kafka_txn.errors import ConfigurationError, TransactionAbortableError
 from kafka_txn.state import MAX_SERIALIZED_LENGTH, PreparedTxnState
@@ -80,9 +80,6 @@ class _StateRow(_StateTableChecks):
     ) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
-        self.pipelined = pipelining(engine)
-        """BEGIN goes with the lock, the state write with the COMMIT: one round trip
-        each (PostgreSQL with psycopg 3, ``kafka_txn.dualwrite.pg_pipeline``)."""
         self.transactional_id = transactional_id
         self.owner = owner
         self.lock_timeout = lock_timeout
@@ -100,6 +97,17 @@ class _StateRow(_StateTableChecks):
         self._mariadb_lock: Any = None
         """The lock statement on MariaDB, with its own lock waits (``_lock_mysql``)."""
         self._build_statements()
+        self.driver: DriverStatements | None = (
+            DriverStatements(
+                engine, self._lock_statement, self._lock_params(), self._write_statement
+            )
+            if pipelining(engine)
+            else None
+        )
+        """The lock and the state write as the driver runs them: BEGIN goes with the
+        lock, the state write with the COMMIT, one round trip each, on the driver
+        connection (PostgreSQL with psycopg 3, ``kafka_txn.dualwrite.pg_pipeline``);
+        None: through SQLAlchemy, one by one."""
 
     def _build_statements(self) -> None:
         """Statements built once: SQLAlchemy then reuses their compiled form."""
@@ -251,7 +259,7 @@ class _StateRow(_StateTableChecks):
     def decision(self, conn: Connection) -> Decision:
         """The state write and COMMIT of a transaction on ``conn`` (one round trip on
         PostgreSQL with psycopg 3: ``kafka_txn.dualwrite.pg_pipeline``)."""
-        return Decision(conn, self.pipelined)
+        return Decision(conn, self.driver)
 
     def write(self, decision: Decision, state: PreparedTxnState, locked: _Row) -> None:
         """A transaction's decision: its prepared state, in its database transaction

@@ -26,7 +26,6 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.base import OptionEngine
 
-from kafka_txn.dualwrite.pg_pipeline import pipelining
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import (
     InvalidPreparedStateError,
@@ -64,11 +63,8 @@ class _SharedEngine(OptionEngine):
 
 
 def shared_engine(engine: Engine) -> Engine:
-    """``engine`` for writers that share its pool: their ``close()`` leaves it open, and
-    the pipeline hooks are in place before any thread's writer looks for them."""
-    shared = _SharedEngine(engine, {})
-    pipelining(shared)
-    return shared
+    """``engine`` for writers that share its pool: their ``close()`` leaves it open."""
+    return _SharedEngine(engine, {})
 
 
 def settle_unfinished(

@@ -129,7 +129,8 @@ def test_postgresql_body_ending_its_transaction_as_sql_then_beginning_is_reporte
                          tables=[events.name])  # fmt: skip
     events.create(writer.engine)
     writer.start()
-    writer._row.pipelined = pipelined
+    if not pipelined:
+        writer._row.driver = None  # the statements through SQLAlchemy, one by one
     with (
         pytest.raises(ConfigurationError, match="held the state-row lock") as caught,
         writer.transaction() as tx,

@@ -229,8 +229,8 @@ def test_postgresql_writers_taking_turns_on_one_pooled_connection_keep_their_own
 # ---------------------------------------------------------------------------------------
 # 4.14: "the connection it switches to autocommit mode for the lock goes back to the pool
 # out of autocommit mode however the transaction ended". A signal whose handler raises
-# (KeyboardInterrupt, a timeout signal) strikes right after _pg_pipeline._hook switched
-# psycopg's autocommit on and before it noted that it did (pipeline.autocommit_on):
+# (KeyboardInterrupt, a timeout signal) strikes right after _pg_pipeline.Decision.lock
+# switched psycopg's autocommit on and before it noted that it did (_autocommit_on):
 # simulated with a trace function raising at that line. The transaction fails; the pooled
 # connection must come back with autocommit off (or be discarded).
 # ---------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_postgresql_interrupt_right_after_autocommit_on_never_returns_it_to_the_
     """A KeyboardInterrupt right after psycopg's autocommit was switched on for the lock:
     the pool's connection comes back with autocommit off."""
     armed: list[bool] = []
-    tracer = interrupt_at_line(_pg_pipeline._hook, "pipeline.autocommit_on = True", armed)
+    tracer = interrupt_at_line(_pg_pipeline.Decision.lock, "self._autocommit_on = True", armed)
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc), pool_size=1, max_overflow=0)
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}

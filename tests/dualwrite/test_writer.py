@@ -582,7 +582,9 @@ def test_marking_completed_never_overwrites_a_newer_state(broker, jdbc_url, txn_
 def test_the_happy_path_adds_no_statement_for_the_mark(broker, jdbc_url, txn_id):
     """The next transaction's state write replaces the committed state, so it carries the
     mark: a transaction with a mark pending runs the same state-row statements as one
-    without."""
+    without, and none of them is the mark's compare-and-set (which SQLAlchemy's events
+    see: it runs through SQLAlchemy, also on PostgreSQL, where the lock and the state
+    write go to the driver)."""
     topic = broker.create_topic()
     events = events_table(f"events_{uuid.uuid4().hex[:10]}")
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
@@ -601,6 +603,9 @@ def test_the_happy_path_adds_no_statement_for_the_mark(broker, jdbc_url, txn_id)
         _write(writer, events, topic, "second")  # "first" pending before it
         assert statements == first
         assert PreparedTxnState(_state_row(jdbc_url, txn_id)).txn_start_ms is not None
+        statements.clear()
+        assert writer.store_completed()  # "second"'s mark, written now: the events see it
+        assert len(statements) == 1 and "UPDATE" in statements[0]
 
 
 # ---------------------------------------------------------------- scenario 6: start again

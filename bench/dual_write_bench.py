@@ -4,8 +4,7 @@ the other, no prepare and no state row), in the same run, same broker (the test 
 choice, or the one ``--broker`` names: bench/_broker.py) and database, both behind the
 same delay proxy (``--delay-ms``). Runs are interleaved; medians and spreads.
 
-Also prints, per DualWriter transaction, the database statements (COMMIT included) and
-the median time of each step of the recipe (from ``on_step``).
+Also prints the median time of each step of the recipe (from ``on_step``).
 
     python bench/dual_write_bench.py [--broker apache-kafka|noida] [--delay-ms 0]
         [--transactions 200] [--repeat 5]
@@ -23,6 +22,17 @@ an abort waits for librdkafka's next statistics snapshot: the failure path witho
 candidate, for comparison in the same run.
 
     python bench/dual_write_bench.py --failure-path --rows 1 10
+
+``--floor``: two more writers, interleaved too, run the recipe's own round trips with
+nothing of kafka-txn's around them, as the protocol's floor: raw psycopg for the
+writer's statements (BEGIN with the lock as one simple query; the state UPDATE and
+COMMIT in one pipeline), raw confluent-kafka for Kafka (flush, commit), the body as
+above through SQLAlchemy, the start-time spacing kept (1.1 ms from the last flush's
+end to the next begin), and one DescribeTransactions after the flush (kafka-txn's
+coordinator client; DualWriter overlaps it with the flush when the coordinator's round
+trip is 1 ms or more) or none ("floor without describe"). One writer, happy path only.
+
+    python bench/dual_write_bench.py --floor [--delay-ms 1]
 """
 
 from __future__ import annotations
@@ -47,13 +57,13 @@ from sqlalchemy import (
     String,
     Table,
     create_engine,
-    event,
     insert,
     text,
 )
 
 from bench._broker import add_broker_argument, running_broker
 from bench._common import Network, add_delay_argument, behind_delay, environment, spread
+from kafka_txn.coordinator import ConnectionSettings, CoordinatorClient
 from kafka_txn.dualwrite.jdbc.urls import jdbc_to_sqlalchemy
 from kafka_txn.dualwrite.writer import STEPS, DualWriter
 from tests.support.databases import POSTGRES_JDBC, ensure_running
@@ -198,7 +208,6 @@ def _dual(
     count: int,
     rows: int,
     writers: int,
-    statements: list[float],
     steps: _Steps,
     candidates: bool = True,
     identity: list[tuple[int, int, int]] | None = None,
@@ -224,20 +233,6 @@ def _dual(
         steps.start()
         with writer.transaction() as tx:
             tx.produce(topic, b"warm-up")
-    seen = [0]
-
-    def count_statement(*args: object) -> None:
-        seen[0] += 1
-
-    def count_cursor_statement(conn: object, cursor: object, statement: str, *rest: object) -> None:
-        # On PostgreSQL the pipeline carries BEGIN and COMMIT as statements of their own
-        # (kafka_txn/dualwrite/pg_pipeline.py); the COMMIT is counted once, by the commit event.
-        if statement.split(None, 1)[0].upper() not in ("BEGIN", "COMMIT"):
-            seen[0] += 1
-
-    for writer in dual:
-        event.listen(writer.engine, "before_cursor_execute", count_cursor_statement)
-        event.listen(writer.engine, "commit", count_statement)
 
     def body(i: int) -> None:
         writer = dual[i]
@@ -256,10 +251,6 @@ def _dual(
     steps.on = True
     elapsed = _threads(writers, body)
     steps.on = False
-    for writer in dual:
-        event.remove(writer.engine, "before_cursor_execute", count_cursor_statement)
-        event.remove(writer.engine, "commit", count_statement)
-    statements.append(seen[0] / (count * writers))
     if identity is not None:
         for t, (waits, confirmed, refused) in zip(tracked, before, strict=True):
             identity.append((t.waits - waits, t.confirmed - confirmed, t.refused - refused))
@@ -267,6 +258,73 @@ def _dual(
     for writer in dual:
         writer.close()
     return writers * count / elapsed
+
+
+def _floor_state_table(engine: Any, tid: str) -> str:
+    """A state table with ``tid``'s row, for ``_floor``; its name."""
+    state = f"bench_state_{uuid.uuid4().hex[:10]}"
+    with engine.begin() as setup:
+        setup.execute(text(f"CREATE TABLE {state} (id VARCHAR(255) PRIMARY KEY, "
+                           "state VARCHAR(512) NOT NULL, updated_at TIMESTAMP)"))  # fmt: skip
+        setup.execute(text(f"INSERT INTO {state} VALUES (:tid, '', now())"), {"tid": tid})
+    return state
+
+
+def _floor(broker: Broker, net: Network, count: int, rows: int, describe: bool) -> float:
+    """Transactions per second of the recipe's own round trips, nothing of kafka-txn's
+    around them (``--floor``): see the module docstring."""
+    assert net.jdbc is not None
+    engine = create_engine(jdbc_to_sqlalchemy(net.jdbc), pool_size=1)
+    table = _table()
+    table.create(engine)
+    tid = uuid.uuid4().hex
+    state = _floor_state_table(engine, tid)
+    topic = broker.create_topic(3)
+    conf = {"bootstrap.servers": net.bootstrap_servers, "transactional.id": tid}
+    producer = Producer(conf)
+    producer.init_transactions()
+    client = CoordinatorClient(ConnectionSettings.from_librdkafka(conf), tid)
+    values = [{"value": VALUE} for _ in range(rows)]
+    lock = f"BEGIN; SELECT state, txid_current() FROM {state} WHERE id = '{tid}' FOR UPDATE"
+    write = f"UPDATE {state} SET state = %s, updated_at = now() WHERE id = %s"
+    conn = engine.connect()
+    driver: Any = conn.connection.driver_connection
+    driver.autocommit = True  # BEGIN goes with the lock
+    last_flushed = [0.0]
+
+    def transaction() -> None:
+        wait = last_flushed[0] + 0.0011 - time.monotonic()  # the start-time spacing
+        if wait > 0:
+            time.sleep(wait)
+        cursor = driver.cursor()
+        cursor.execute(lock, prepare=False)
+        cursor.nextset()
+        cursor.fetchone()
+        producer.begin_transaction()
+        _write(conn, producer.produce, table, topic, values)
+        producer.flush()
+        last_flushed[0] = time.monotonic()
+        stored = client.describe().state if describe else "Ongoing"
+        with driver.pipeline():
+            cursor.execute(write, (stored, tid))
+            cursor.execute("COMMIT")
+        conn.commit()  # SQLAlchemy's transaction of the body: psycopg sends nothing
+        producer.commit_transaction()
+
+    transaction()  # warm-up: connections, metadata, the coordinator
+    start = time.perf_counter()
+    for _ in range(count):
+        transaction()
+    elapsed = time.perf_counter() - start
+    driver.autocommit = False
+    conn.close()
+    producer.close()
+    client.close()
+    table.drop(engine)
+    with engine.begin() as teardown:
+        teardown.execute(text(f"DROP TABLE {state}"))
+    engine.dispose()
+    return count / elapsed
 
 
 def _measure(
@@ -279,20 +337,25 @@ def _measure(
     dual: list[float] = []
     no_candidate: list[float] = []
     identity: list[tuple[int, int, int]] = []
-    statements: list[float] = []
+    floor: list[float] = []
+    floor_no_describe: list[float] = []
     steps = _Steps()
     order = ["naive", "dual"] + (["no-candidate"] if args.failure_path else [])
+    if args.floor:
+        order += ["floor", "floor-no-describe"]
     for i in range(args.repeat):  # interleaved, rotating who goes first
         for who in order[i % len(order) :] + order[: i % len(order)]:
             if who == "naive":
                 naive.append(_naive(broker, net, count, rows, writers))
             elif who == "dual":
-                dual.append(
-                    _dual(broker, net, count, rows, writers, statements, steps, True, identity)
-                )
+                dual.append(_dual(broker, net, count, rows, writers, steps, True, identity))
+            elif who == "floor":
+                floor.append(_floor(broker, net, count, rows, describe=True))
+            elif who == "floor-no-describe":
+                floor_no_describe.append(_floor(broker, net, count, rows, describe=False))
             else:
                 no_candidate.append(
-                    _dual(broker, net, count, rows, writers, [], _Steps(), candidates=False)
+                    _dual(broker, net, count, rows, writers, _Steps(), candidates=False)
                 )
     ratios = sorted(d / n for d, n in zip(dual, naive, strict=True))
     return {
@@ -303,7 +366,8 @@ def _measure(
         "dual": dual,
         "ratio": statistics.median(dual) / statistics.median(naive),
         "pair_ratios": ratios,
-        "statements": statistics.median(statements),
+        "floor": floor,
+        "floor_no_describe": floor_no_describe,
         "no_candidate": no_candidate,
         "identity": [sum(x) for x in zip(*identity, strict=True)] if identity else None,
         "steps": {k: statistics.median(v) * 1000 for k, v in steps.times.items() if v},
@@ -336,7 +400,14 @@ def main(argv: list[str] | None = None) -> int:
         help="send the records before the INSERT (librdkafka then registers the "
         "partitions while the INSERT runs)",
     )  # fmt: skip
+    parser.add_argument(
+        "--floor", action="store_true",
+        help="also measure the protocol's floor: the recipe's round trips on raw psycopg "
+        "and raw confluent-kafka (one writer, happy path)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.floor and (args.failure_path or args.writers != [1]):
+        parser.error("--floor measures one writer's happy path: drop --failure-path/--writers")
     PRODUCE_FIRST[0] = args.produce_first
     FAILURE_PATH[0] = args.failure_path
     jdbc = ensure_running("postgresql", POSTGRES_JDBC)
@@ -369,11 +440,16 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> None:
     if r["no_candidate"]:
         label = "DualWriter, no identity candidate"
         print(f"{label:<44}{spread(r['no_candidate']):>28}")
-    target = " (target >= 0.8 at 1 ms, >= 0.65 at 0 ms)" if r["rows"] == 10 else ""
+    target = " (target >= 0.85 at 1 ms; at 0 ms, near the floor)" if r["rows"] == 10 else ""
     pairs = ", ".join(f"{x:.2f}" for x in r["pair_ratios"])
     print(f"ratio of medians: {r['ratio']:.2f}x{target}; per interleaved pair: {pairs}")
-    print(f"database statements per DualWriter transaction: {r['statements']:.2f} (COMMIT "
-          f"included, BEGIN not)")  # fmt: skip
+    naive = statistics.median(r["naive"])
+    for key, label in (("floor", "floor"), ("floor_no_describe", "floor without describe")):
+        if r[key]:
+            ratio = statistics.median(r[key]) / naive
+            dual = statistics.median(r["dual"]) / statistics.median(r[key])
+            print(f"{label:<44}{spread(r[key]):>28}  ({ratio:.2f}x naive; "
+                  f"DualWriter {dual:.2f}x it)")  # fmt: skip
     steps = "  ".join(f"{k.removeprefix('after_')} {v:.2f}" for k, v in r["steps"].items())
     print(f"median ms until each step: {steps}")
     if r["no_candidate"]:

@@ -415,7 +415,9 @@ class Sends:
         would not cover it: its records would join the next transaction, or part of a
         batch would commit. Refused before anything changes. ``close()`` is not refused
         (a SIGTERM handler's): the sends after it are refused as after close()."""
-        if self._own_sends(2):
+        # No send under way at all (the list at its padding): not inside one either, and
+        # no stack to walk. A send appends before its state check (see await_sends).
+        if len(self.under_way) > _PADDING and self._own_sends(2):
             raise IllegalStateError(
                 f"{call}() called from inside a produce()/produce_batch()/send() of this "
                 "producer on the same thread (a signal handler, serializer, callback or "
@@ -453,6 +455,8 @@ class Sends:
         enqueue, an allocation may run the garbage collector, whose finalizers are
         Python code, where the GIL may pass to the thread that prepares.)"""
         under_way = self.under_way
+        if len(under_way) <= _PADDING:
+            return True  # nothing under way: no stack to walk
         idle = _PADDING + self._own_sends()
         while True:
             if len(under_way) <= idle:

@@ -121,14 +121,15 @@ class TransactionalProducer:
         traced = as_tracing(tracing, call)
         self._watch: TransactionWatch | None = None
         self._errors_only = validated.error_reports_only
-        if self._errors_only and counts_deliveries(metrics, traced):
+        counted = counts_deliveries(metrics, traced)
+        if self._errors_only and counted:
             raise ConfigurationError(
                 f"{ERROR_REPORTS_ONLY_KEY}=true cannot be used with "
                 + ("tracing" if traced is not None else "metrics.transaction_ended")
                 + ": it counts each transaction's delivered records, which needs every "
                 f"delivery report; remove {ERROR_REPORTS_ONLY_KEY} (or set it to false)"
             )
-        if counts_deliveries(metrics, traced):
+        if counted:
             self._watch = TransactionWatch(
                 self.transactional_id, tracing=traced, ended=ended if callable(ended) else None
             )

@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 import pytest
 from confluent_kafka import KafkaError, Message
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from kafka_txn import (
     CommitFailedException,
@@ -51,19 +50,6 @@ def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
 
 def two_phase(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "transaction.two.phase.commit.enable": True}
-
-
-def _limited_topic(broker: Broker, limit: int) -> str:
-    """A one-partition topic whose max.message.bytes is ``limit``: the broker refuses
-    larger records (the client's message.max.bytes lets them through)."""
-    topic = broker.create_topic(partitions=1)
-    admin = broker.admin()  # must outlive its futures
-    entry = ConfigEntry(
-        "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET
-    )
-    resource = ConfigResource("topic", topic, incremental_configs=[entry])
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
-    return topic
 
 
 # --------------------------------------------------------------------------- parity
@@ -190,7 +176,7 @@ def test_a_record_the_broker_refuses_fails_its_future_and_the_commit(
     """A record larger than its topic's max.message.bytes: the broker refuses it, its
     send() future raises ProduceFailedException, and the commit CommitFailedException
     with that failure as its cause; nothing of the transaction is visible."""
-    topic = _limited_topic(broker, 2000)
+    topic = broker.create_topic(config={"max.message.bytes": "2000"})
 
     async def main() -> None:
         async with AsyncTransactionalProducer(producer_config) as producer:

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from opentelemetry.sdk.trace import TracerProvider
 
 from kafka_txn import (
@@ -52,19 +51,6 @@ Heard = list[tuple[Any, Any]]
 
 def _listener(heard: Heard) -> Callable[[Any, Any], None]:
     return lambda err, msg: heard.append((err, msg))
-
-
-def _limited_topic(broker: Broker, limit: int) -> str:
-    """A one-partition topic whose max.message.bytes is ``limit``: the broker refuses a
-    larger record (MESSAGE_TOO_LARGE) that the client's message.max.bytes lets through."""
-    topic = broker.create_topic(partitions=1)
-    admin = broker.admin()  # must outlive its futures
-    entry = ConfigEntry(
-        "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET
-    )
-    resource = ConfigResource("topic", topic, incremental_configs=[entry])
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
-    return topic
 
 
 def _assert_refused_send(exc: IllegalStateError) -> None:
@@ -102,7 +88,7 @@ def test_a_record_the_broker_refuses_fails_the_commit_and_only_the_failure_is_he
     (MESSAGE_REJECTED); the config's on_delivery and the record's own on_delivery hear
     that failure, and neither hears of the delivered sibling. Nothing is visible; after
     the abort the producer commits again."""
-    limited = _limited_topic(broker, 2000)
+    limited = broker.create_topic(config={"max.message.bytes": "2000"})
     config_heard: Heard = []
     record_heard: Heard = []
     sibling_heard: Heard = []
@@ -150,7 +136,7 @@ def test_a_commit_resumed_after_a_refused_record_fails_and_the_abort_works(
     and fails with the refused record as its cause; then abort_transaction() works,
     nothing is visible, and the next transaction commits. (Refusing the resumed commit
     at once would leave librdkafka's own commit pending, and every abort refused.)"""
-    topic = _limited_topic(broker, 3000)
+    topic = broker.create_topic(config={"max.message.bytes": "3000"})
     conf = {**producer_config, "linger.ms": 0, "batch.num.messages": 1}
     if errors_only:
         conf[ERROR_REPORTS_ONLY_KEY] = True

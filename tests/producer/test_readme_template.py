@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from kafka_txn import ProducerFencedError, TransactionalProducer
 from kafka_txn.testing import ApiKey
@@ -176,18 +175,6 @@ def test_a_commit_out_of_time_is_the_unknown_branch(mock_cluster, mock_config, p
         assert producer.state == "ready"
 
 
-def _limited_topic(broker, limit: int) -> str:
-    """A one-partition topic whose max.message.bytes is ``limit``."""
-    topic = broker.create_topic(partitions=1)
-    admin = broker.admin()  # must outlive its futures
-    entry = ConfigEntry(
-        "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET
-    )
-    resource = ConfigResource("topic", topic, incremental_configs=[entry])
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
-    return topic
-
-
 @pytest.mark.guarantee("1.19")
 @pytest.mark.parametrize("reported", ["at_commit", "before_the_next_send"])
 def test_a_record_the_broker_refuses_is_the_aborted_branch(broker, reported):
@@ -201,7 +188,7 @@ def test_a_record_the_broker_refuses_is_the_aborted_branch(broker, reported):
     transaction's first Produce fails with OUT_OF_ORDER_SEQUENCE_NUMBER and bumps the
     epoch (``rd_kafka_handle_Produce_error``, "skipped sequence numbers"): that one
     retry may be "aborted" too, and the one after it commits."""
-    topic = _limited_topic(broker, 2000)
+    topic = broker.create_topic(config={"max.message.bytes": "2000"})
     publish = _publish(topic)
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"big-{topic}"}
     with TransactionalProducer(conf) as producer:

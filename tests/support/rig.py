@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from kafka_txn.cli.local_broker import LocalBroker
 from tests.support.apache_kafka import ApacheKafka, java_and_maven
@@ -76,8 +82,12 @@ class Broker:
     def admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap_servers})
 
-    def create_topic(self, partitions: int = 1, prefix: str = "t") -> str:
-        """A new topic with a unique name, created and visible in metadata."""
+    def create_topic(
+        self, partitions: int = 1, prefix: str = "t", config: dict[str, str] | None = None
+    ) -> str:
+        """A new topic with a unique name, created and visible in metadata; ``config``
+        (topic settings, say ``{"max.message.bytes": "2000"}``) set once it exists, by
+        an incremental AlterConfigs, which every broker of the rig takes."""
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
         admin = self.admin()  # must outlive the futures
         futures = admin.create_topics(
@@ -85,6 +95,13 @@ class Broker:
             operation_timeout=30,
         )
         futures[name].result(timeout=60)
+        if config:
+            entries = [
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+                for key, value in config.items()
+            ]
+            resource = ConfigResource("topic", name, incremental_configs=entries)
+            admin.incremental_alter_configs([resource])[resource].result(timeout=30)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             md = admin.list_topics(name, timeout=10)

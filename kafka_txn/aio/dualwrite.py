@@ -48,6 +48,7 @@ from kafka_txn.aio.bridge import log_outcome, running_loop
 from kafka_txn.aio.producer import AsyncTransactionalProducer
 from kafka_txn.config import ProducerSettings
 from kafka_txn.dualwrite.engine import database_url, validate_seconds
+from kafka_txn.dualwrite.unavailable import ASYNC_DUAL_WRITER_TERMS
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import ConfigurationError, IllegalStateError, TransactionAbortableError
 from kafka_txn.metrics import MetricsHook
@@ -250,6 +251,8 @@ class _GreenletDualWriter(DualWriter):
     """``DualWriter`` whose producer is an ``_AwaitingProducer``: its methods are called
     in a greenlet (``greenlet_spawn``), on an async engine's ``sync_engine``."""
 
+    _api_name = "AsyncDualWriter"
+    _terms = ASYNC_DUAL_WRITER_TERMS
     aio_producer: AsyncTransactionalProducer
 
     def _new_producer(self, conf: dict[str, Any], **kwargs: Any) -> TransactionalProducer:

@@ -38,6 +38,7 @@ class _FailurePaths:
     """What DualWriter does when a transaction fails: roll back, leave open, or stop in
     doubt. Holds no state: the attributes are DualWriter's."""
 
+    _api_name: str
     producer: TransactionalProducer
     transactional_id: str
     _row: _StateRow
@@ -103,7 +104,7 @@ class _FailurePaths:
         tid = self.transactional_id
         cls = ProducerFencedError if isinstance(fatal, ProducerFencedError) else FatalError
         return cls(
-            f"the Kafka producer of the DualWriter for {tid!r} is unusable: "
+            f"the Kafka producer of the {self._api_name} for {tid!r} is unusable: "
             f"{fatal.message}. The database rolled this transaction back, and nothing of "
             f"its Kafka transaction is visible. Close this writer; unless another writer "
             f"now runs for {tid!r}, start a new one: its start() settles the last commit, "

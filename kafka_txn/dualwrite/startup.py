@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError
 from sqlalchemy.engine import Engine
 
 from kafka_txn.dualwrite.state_row import _OWNER_LENGTH, _Row, _StateRow
-from kafka_txn.dualwrite.unavailable import DUAL_WRITER_TERMS, raise_if_unavailable
+from kafka_txn.dualwrite.unavailable import DUAL_WRITER_TERMS, Terms, raise_if_unavailable
 from kafka_txn.errors import (
     BrokerUnreachableError,
     InvalidPreparedStateError,
@@ -48,6 +48,12 @@ class _Startup:
     """DualWriter's ``start()`` (recovery, settle, takeover, fence) and the owner check
     that every transaction repeats. Holds no state: the attributes are DualWriter's."""
 
+    _api_name = "DualWriter"
+    """The class the caller made, as errors name it (``AsyncDualWriter`` runs this one
+    underneath)."""
+    _terms: Terms = DUAL_WRITER_TERMS
+    """Where the caller sets the database, the user and the password, as errors name
+    them."""
     engine: Engine
     producer: TransactionalProducer
     transactional_id: str
@@ -72,7 +78,7 @@ class _Startup:
         if self._fenced is not None:
             return self._finish_start(self._fenced)
         # A database that cannot be opened is named with its fix before anything else.
-        raise_if_unavailable(self.engine, "DualWriter.start()", DUAL_WRITER_TERMS)
+        raise_if_unavailable(self.engine, f"{self._api_name}.start()", self._terms)
         self._row.ensure(self._create)
         self.producer.init_transactions(keep_prepared_txn=True)  # repeatable until settled
         with self.engine.connect() as conn:
@@ -124,7 +130,7 @@ class _Startup:
                 # The producer's advice names complete_transaction(); the caller's call
                 # is start().
                 raise restated(
-                    exc, f"DualWriter.start() for {self.transactional_id!r}",
+                    exc, f"{self._api_name}.start() for {self.transactional_id!r}",
                     "then call start() again (transaction() also starts the writer)",
                 ) from root_exception(exc)  # fmt: skip
             # Recovered, settled and fenced: what is left (this COMMIT) only releases the

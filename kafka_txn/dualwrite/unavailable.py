@@ -52,6 +52,11 @@ DUAL_WRITER_TERMS = Terms(
     user="DualWriter's user= (or user= in the JDBC URL)",
     password="DualWriter's password= (or password= in the JDBC URL)",
 )
+ASYNC_DUAL_WRITER_TERMS = Terms(
+    url="AsyncDualWriter's database (the JDBC URL)",
+    user="AsyncDualWriter's user= (or user= in the JDBC URL)",
+    password="AsyncDualWriter's password= (or password= in the JDBC URL)",
+)
 SINK_TERMS = Terms(
     url="the sink's url option",
     user="the sink's user option (or user= in its url)",

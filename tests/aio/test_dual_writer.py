@@ -406,11 +406,11 @@ def _silent_port() -> Iterator[int]:
 def test_a_database_that_cannot_be_opened_is_named_with_its_fix(
     broker: Broker, postgres_jdbc: str, mariadb_jdbc: str, tmp_path: Path
 ) -> None:
-    """start() raises DatabaseUnavailableError naming the fix, the driver's error as its
-    cause, and close() then returns: PostgreSQL on a closed port, MariaDB on a port that
-    never answers the handshake (bounded by connectTimeout, as PyMySQL bounds the sync
-    writer's), MariaDB with an unknown database, SQLite in a directory that does not
-    exist."""
+    """start() raises DatabaseUnavailableError naming the fix in AsyncDualWriter's
+    terms, the driver's error as its cause, and close() then returns: PostgreSQL on a
+    closed port, MariaDB on a port that never answers the handshake (bounded by
+    connectTimeout, as PyMySQL bounds the sync writer's), MariaDB with an unknown
+    database, SQLite in a directory that does not exist."""
     closed = free_port()
 
     async def unavailable(jdbc: str, match: str) -> None:
@@ -419,6 +419,9 @@ def test_a_database_that_cannot_be_opened_is_named_with_its_fix(
             with pytest.raises(DatabaseUnavailableError, match=match) as caught:
                 await writer.start()
             assert isinstance(caught.value.__cause__, OperationalError)
+            message = str(caught.value)  # in the terms of the class the caller made
+            assert message.startswith("AsyncDualWriter.start(): "), message
+            assert " DualWriter" not in message and "(DualWriter" not in message, message
         finally:
             await within(30, writer.close())
 

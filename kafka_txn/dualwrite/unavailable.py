@@ -113,8 +113,10 @@ def explain(exc: BaseException, url: URL, terms: Terms = DUAL_WRITER_TERMS) -> s
              f"{terms.password}"),
             (r"no pg_hba\.conf entry", f"the server does not let {user!r} connect from "
              "here (pg_hba.conf): ask its administrator"),
-            (r"could not translate host name", f"the host {url.host!r} does not resolve: "
-             f"check {terms.url}"),
+            # libpq's words, and psycopg's when it resolves the name itself (its async
+            # connections, and sync ones in psycopg 3.3).
+            (r"could not translate host name|failed to resolve host", f"the host "
+             f"{url.host!r} does not resolve: check {terms.url}"),
         )  # fmt: skip
         for pattern, fix in checks:
             if re.search(pattern, reason):

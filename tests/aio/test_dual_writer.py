@@ -408,9 +408,10 @@ def test_a_database_that_cannot_be_opened_is_named_with_its_fix(
 ) -> None:
     """start() raises DatabaseUnavailableError naming the fix in AsyncDualWriter's
     terms, the driver's error as its cause, and close() then returns: PostgreSQL on a
-    closed port, MariaDB on a port that never answers the handshake (bounded by
-    connectTimeout, as PyMySQL bounds the sync writer's), MariaDB with an unknown
-    database, SQLite in a directory that does not exist."""
+    closed port and on a host name that does not resolve, MariaDB on a port that never
+    answers the handshake (bounded by connectTimeout, as PyMySQL bounds the sync
+    writer's), MariaDB with an unknown database, SQLite in a directory that does not
+    exist."""
     closed = free_port()
 
     async def unavailable(jdbc: str, match: str) -> None:
@@ -429,6 +430,10 @@ def test_a_database_that_cannot_be_opened_is_named_with_its_fix(
         await unavailable(
             f"jdbc:postgresql://127.0.0.1:{closed}/test?user=postgres",
             "nothing accepts connections.*is PostgreSQL running",
+        )
+        await unavailable(
+            "jdbc:postgresql://no-such-host.invalid:5432/test?user=postgres",
+            "the host 'no-such-host.invalid' does not resolve: check AsyncDualWriter's",
         )
         await unavailable(
             f"jdbc:mariadb://127.0.0.1:{silent}/test?user=root&connectTimeout=1000",

@@ -22,17 +22,21 @@ How:
   ``KeyboardInterrupt``) invalidated (``connection_invalidated``). Callers never see a
   driver exception. An SQLAlchemy without that method gets the one-by-one path
   (``pipelining``).
-- psycopg sends its own BEGIN before a transaction's first statement and waits for it,
-  in a pipeline too (it syncs after it). So the lock puts the connection in autocommit
-  mode (psycopg then sends no BEGIN) and sends BEGIN (with the isolation level,
+- psycopg sends its own BEGIN before a statement on an idle connection and waits for
+  it, in a pipeline too (it syncs after it), unless its autocommit flag is on. So the
+  flag is on for the lock's query only, which sends BEGIN (with the isolation level,
   read-only and deferrable settings psycopg would have used) and the lock as one simple
   query, the lock's parameters rendered as literals by psycopg's own
   ``ClientCursor.mogrify`` (``_inline_lock``). A pipeline did the same in one round trip
-  too, at more CPU (entering it, a Sync, leaving it: ~0.1 ms a transaction). PostgreSQL
-  runs the transaction as before, and psycopg and SQLAlchemy read its state from the
-  server (``transaction_status``). Autocommit is switched back off when the transaction
-  ends (``Decision.finish``), and a connection where that fails is invalidated rather
-  than returned to the pool in autocommit mode.
+  too, at more CPU (entering it, a Sync, leaving it: ~0.1 ms a transaction). The flag
+  goes back off as soon as the query returns or fails, the transaction open: psycopg's
+  ``autocommit`` setter refuses that (it checks the flag only before a statement), so
+  the flag (``_autocommit``) is set directly; with a psycopg without it, the lock goes
+  through SQLAlchemy after psycopg's own BEGIN (two round trips). From then on psycopg
+  reads the transaction's state from the server (``transaction_status``) as for any
+  transaction: a body that ends the transaction (ROLLBACK or COMMIT sent as SQL) gets a
+  new one, begun by psycopg, at its next statement, which the writer rolls back; never
+  a statement committed on its own.
 - Leaving a pipeline sends a Sync and waits for its answer, and psycopg's ``commit()``
   inside a pipeline syncs too: committing inside a pipeline and then leaving it would be
   two round trips. So COMMIT is queued as a statement, and leaving the pipeline right
@@ -165,7 +169,7 @@ def _commit_failure(cursor: Any, exc: Exception) -> str:
 class Decision:
     """One dual-write transaction's own statements on ``conn``: ``lock()`` (with BEGIN),
     the state write (``execute()``), then ``commit()``, or ``discard()`` before a
-    rollback; ``finish()`` when the transaction is over, whichever way. With
+    rollback. With
     ``statements`` (``pipelining``), on the driver connection; else through SQLAlchemy,
     one by one."""
 
@@ -173,9 +177,6 @@ class Decision:
         self._conn = conn
         self._sql = statements
         self._pipeline: _Pipeline | None = None
-        self._autocommit_on = False
-        """Autocommit was switched on for the lock (to be switched off when the
-        transaction ends)."""
 
     def _raise(self, exc: BaseException, statement: str, params: Any, cursor: Any) -> NoReturn:
         """``exc``, raised by the driver running ``statement``, through SQLAlchemy's
@@ -191,15 +192,14 @@ class Decision:
         if (
             sql is None
             or driver is None
-            or driver.autocommit
+            or getattr(driver, "_autocommit", None) is not False
             or driver.info.transaction_status.name != "IDLE"
         ):
             return self._conn.execute(statement, params).first()
         query = _inline_lock(self._conn, driver, sql, _begin_statement(driver))
         cursor = driver.cursor()
         try:
-            driver.autocommit = True  # no BEGIN of psycopg's own
-            self._autocommit_on = True
+            driver._autocommit = True  # this query only: no BEGIN of psycopg's own
             # prepare=False: a simple query (several statements); an engine whose
             # connections prepare every statement (prepare_threshold=0) would send it as
             # one prepared statement, which PostgreSQL refuses for two commands.
@@ -208,6 +208,8 @@ class Decision:
             row = cursor.fetchone()
         except BaseException as exc:
             self._raise(exc, query, None, cursor)
+        finally:
+            driver._autocommit = False  # the body's statements run as in any transaction
         cursor.close()
         return row
 
@@ -255,22 +257,6 @@ class Decision:
         if pipeline is not None and pipeline.open:
             with contextlib.suppress(Exception):  # the rollback (or the drop) is next
                 pipeline.leave(failing=sys.exc_info()[0] is not None)
-
-    def finish(self) -> None:
-        """The transaction is over: autocommit back off. A connection where that fails
-        (still in a transaction, or broken) is invalidated, so that the pool never hands
-        it out in autocommit mode."""
-        if not self._autocommit_on:
-            return
-        try:
-            self._conn.connection.driver_connection.autocommit = False  # type: ignore[union-attr]
-        except Exception:
-            self._conn.invalidate()
-        except BaseException:  # interrupted (a signal's exception): never pool it as is
-            self._conn.invalidate()
-            raise
-        finally:
-            self._autocommit_on = False
 
 
 def _begin_statement(driver: Any) -> str:

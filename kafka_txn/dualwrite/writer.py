@@ -430,32 +430,29 @@ class DualWriter(_Startup, _FailurePaths):
                 root = conn.begin()
                 decision = self._row.decision(conn)
                 try:
-                    try:
-                        locked = self._row.lock(conn, decision)
-                        self._check_owner(locked, "nothing of this transaction was written")
-                        producer.begin_transaction()
-                        began = True
-                        self._step("after_begin")
-                        self._watch.watch(conn)
-                        yield DualWriteTransaction(conn, producer)
-                        self._step("after_send")
-                        self._guard.check_kept_transaction(conn, root)
-                        state = producer.prepare_transaction()
-                        self._step("after_prepare")
-                        self._row.write(decision, state, locked)
-                        self._step("after_state_write")
-                    except BaseException as exc:
-                        self._failed(conn, began, decision, exc, root)
-                        raise
-                    self._commit_database(conn, decision)
-                    db_committed = True
-                finally:
-                    decision.finish()
+                    locked = self._row.lock(conn, decision)
+                    self._check_owner(locked, "nothing of this transaction was written")
+                    producer.begin_transaction()
+                    began = True
+                    self._step("after_begin")
+                    self._watch.watch(conn)
+                    yield DualWriteTransaction(conn, producer)
+                    self._step("after_send")
+                    self._guard.check_kept_transaction(conn, root)
+                    state = producer.prepare_transaction()
+                    self._step("after_prepare")
+                    self._row.write(decision, state, locked)
+                    self._step("after_state_write")
+                except BaseException as exc:
+                    self._failed(conn, began, decision, exc, root)
+                    raise
+                self._commit_database(conn, decision)
+                db_committed = True
                 committed = True
         except BaseException as exc:
             if db_committed and self._broken is None:
-                # Interrupted after the database COMMIT (restoring the connection's
-                # autocommit): in doubt, as anything between the two commits.
+                # Interrupted after the database COMMIT (giving the connection back to
+                # the pool): in doubt, as anything between the two commits.
                 self._broken = self._in_doubt(state, exc)
             raise
         finally:

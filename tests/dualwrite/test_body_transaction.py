@@ -2,9 +2,10 @@
 to the writer (guarantee 4.2: "A body that ends the database transaction itself gets its
 Kafka transaction aborted and a ConfigurationError ..., never a silent divergence"): a
 rollback then more statements, a commit then an error, COMMIT or ROLLBACK sent as SQL
-then BEGIN, SET autocommit = 1, a row written to a MariaDB non-transactional table. Each
-schedule is checked with an independent read_committed consumer (kafka-python,
-tests/support/rig.py) and direct SQL; a strict xfail marks a documented limit."""
+then BEGIN, a commit or rollback then more writes (PostgreSQL), SET autocommit = 1, a row
+written to a MariaDB non-transactional table. Each schedule is checked with an
+independent read_committed consumer (kafka-python, tests/support/rig.py) and direct SQL;
+a strict xfail marks a documented limit."""
 
 from __future__ import annotations
 
@@ -151,6 +152,47 @@ def test_postgresql_body_ending_its_transaction_as_sql_then_beginning_is_reporte
         tx.produce(topic, b"c")
     rows, records = _body_outcome(writer, events, broker, topic, expected=1)
     assert records == ["c"] and "c" in rows, (rows, records)
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "statement_by_statement"])
+@pytest.mark.parametrize(
+    "end", ["ROLLBACK", "COMMIT", "connection.rollback()", "connection.commit()"]
+)
+@pytest.mark.guarantee("4.2", "4.14")
+def test_postgresql_rows_written_after_the_body_ends_its_transaction_are_rolled_back(
+    make_writer: Callable[..., DualWriter], broker: Broker, topic: str, txn_id: str,
+    postgres_jdbc: str, end: str, pipelined: bool,
+) -> None:  # fmt: skip
+    """4.2: a body that ends the database transaction (COMMIT or ROLLBACK sent as SQL,
+    or through SQLAlchemy's connection) and then writes more gets Kafka aborted and a
+    ConfigurationError; what it wrote after the end runs in a transaction of its own,
+    which the writer rolls back: only rows written before a COMMIT may stay. 4.14: the
+    same with BEGIN sent with the lock (the connection must not be left committing each
+    statement on its own) as statement by statement."""
+    events = id_value_table(unique_name("ev"))
+    writer = make_writer(txn_id, postgres_jdbc, state_table=unique_name("st"),
+                         tables=[events.name])  # fmt: skip
+    events.create(writer.engine)
+    writer.start()
+    if not pipelined:
+        writer._row.driver = None  # the statements through SQLAlchemy, one by one
+    with pytest.raises(ConfigurationError), writer.transaction() as tx:
+        tx.connection.execute(insert(events).values(id=1, value="before"))
+        if end.startswith("connection."):
+            getattr(tx.connection, end.removeprefix("connection.").removesuffix("()"))()
+        else:
+            tx.connection.execute(text(end))
+        tx.connection.execute(insert(events).values(id=2, value="after"))
+        tx.produce(topic, b"before")
+        tx.produce(topic, b"after")
+    rows, records = _body_outcome(writer, events, broker, topic, expected=0)
+    kept = ["before"] if "COMMIT" in end.upper() else []
+    assert rows == kept and records == [], (rows, records)
+    with writer.transaction() as tx:  # the writer goes on
+        tx.connection.execute(insert(events).values(id=3, value="next"))
+        tx.produce(topic, b"next")
+    rows, records = _body_outcome(writer, events, broker, topic, expected=1)
+    assert rows == [*kept, "next"] and records == ["next"], (rows, records)
 
 
 @pytest.mark.xfail(

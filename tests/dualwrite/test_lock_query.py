@@ -230,7 +230,7 @@ def test_postgresql_writers_taking_turns_on_one_pooled_connection_keep_their_own
 # 4.14: "the connection it switches to autocommit mode for the lock goes back to the pool
 # out of autocommit mode however the transaction ended". A signal whose handler raises
 # (KeyboardInterrupt, a timeout signal) strikes right after _pg_pipeline.Decision.lock
-# switched psycopg's autocommit on and before it noted that it did (_autocommit_on):
+# switched psycopg's autocommit flag on for the lock's query, before the query is sent:
 # simulated with a trace function raising at that line. The transaction fails; the pooled
 # connection must come back with autocommit off (or be discarded).
 # ---------------------------------------------------------------------------------------
@@ -243,7 +243,9 @@ def test_postgresql_interrupt_right_after_autocommit_on_never_returns_it_to_the_
     """A KeyboardInterrupt right after psycopg's autocommit was switched on for the lock:
     the pool's connection comes back with autocommit off."""
     armed: list[bool] = []
-    tracer = interrupt_at_line(_pg_pipeline.Decision.lock, "self._autocommit_on = True", armed)
+    tracer = interrupt_at_line(
+        _pg_pipeline.Decision.lock, "cursor.execute(query, prepare=False)", armed
+    )
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc), pool_size=1, max_overflow=0)
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
@@ -270,27 +272,25 @@ def test_postgresql_interrupt_right_after_autocommit_on_never_returns_it_to_the_
 
 
 # ---------------------------------------------------------------------------------------
-# 4.13 / 4.14: a signal's exception striking Decision.finish() after the database COMMIT,
-# between clearing its autocommit note and switching psycopg's autocommit back off
-# (simulated with a trace function raising at that line). 4.13: "Anything that
-# interrupts the writer once the database COMMIT was sent ... leaves the transaction
-# prepared, the writer refuses every later call, and the next start() commits it"; 4.14:
-# the connection goes back to the pool out of autocommit mode however the transaction
-# ended.
+# 4.13 / 4.14: a signal's exception striking Decision.commit() right after the pipelined
+# database COMMIT was answered, before SQLAlchemy's transaction ends (simulated with a
+# trace function raising at that line). 4.13: "Anything that interrupts the writer once
+# the database COMMIT was sent ... leaves the transaction prepared, the writer refuses
+# every later call, and the next start() commits it"; 4.14: the connection goes back to
+# the pool out of autocommit mode however the transaction ended.
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.guarantee("4.14")
-def test_postgresql_interrupt_in_finish_after_the_commit_stops_the_writer_and_resets_the_pool(
+@pytest.mark.guarantee("4.13", "4.14")
+def test_postgresql_interrupt_right_after_the_commit_stops_the_writer_and_resets_the_pool(
     broker: Broker, postgres_jdbc: str, names: dict[str, str], txn_id: str
 ) -> None:
-    """A KeyboardInterrupt in Decision.finish() after the database COMMIT: the pooled
-    connection is out of autocommit mode, the next call raises TransactionInDoubtError,
-    and the successor's start() leaves both sides equal."""
+    """A KeyboardInterrupt in Decision.commit() after PostgreSQL answered the COMMIT:
+    the pooled connection is out of autocommit mode, the next call raises
+    DatabaseCommitUnknownError (the writer cannot tell the COMMIT was answered), and the
+    successor's start() leaves both sides equal."""
     armed: list[bool] = []
-    tracer = interrupt_at_line(
-        _pg_pipeline.Decision.finish, "driver_connection.autocommit = False", armed
-    )
+    tracer = interrupt_at_line(_pg_pipeline.Decision.commit, "self._conn.commit()", armed)
     topic = broker.create_topic()
     events = _events(names["events"])
     state = names["state"]
@@ -307,7 +307,7 @@ def test_postgresql_interrupt_in_finish_after_the_commit_stops_the_writer_and_re
                 with pytest.raises(KeyboardInterrupt), writer.transaction() as tx:
                     tx.connection.execute(events.insert(), {"id": 1, "value": "one"})
                     tx.produce(topic, b"one")
-                    armed.append(True)  # from here on: the prepare, the COMMIT, finish()
+                    armed.append(True)  # from here on: the prepare, the COMMIT
             finally:
                 sys.settrace(None)
             assert not armed  # the interruption struck where intended
@@ -329,7 +329,7 @@ def test_postgresql_interrupt_in_finish_after_the_commit_stops_the_writer_and_re
             successor.close()
         observed["db"], observed["kafka"] = both_sides(broker, engine, events, topic, linger=2.0)
         assert observed["autocommit"] is False, observed
-        assert observed["next call"] == "TransactionInDoubtError", observed
+        assert observed["next call"] == "DatabaseCommitUnknownError", observed
         assert observed["db"] == observed["kafka"], observed
     finally:
         _drop(engine, names["events"], state)

@@ -169,7 +169,7 @@ def _commit_failure(cursor: Any, exc: Exception) -> str:
 class Decision:
     """One dual-write transaction's own statements on ``conn``: ``lock()`` (with BEGIN),
     the state write (``execute()``), then ``commit()``, or ``discard()`` before a
-    rollback. With
+    rollback; ``release()`` when the transaction is over, whichever way. With
     ``statements`` (``pipelining``), on the driver connection; else through SQLAlchemy,
     one by one."""
 
@@ -177,6 +177,9 @@ class Decision:
         self._conn = conn
         self._sql = statements
         self._pipeline: _Pipeline | None = None
+        self._flagged = False
+        """psycopg's autocommit flag was switched on for the lock and not yet back off
+        (an interruption struck in between): ``release()`` drops the connection."""
 
     def _raise(self, exc: BaseException, statement: str, params: Any, cursor: Any) -> NoReturn:
         """``exc``, raised by the driver running ``statement``, through SQLAlchemy's
@@ -198,6 +201,7 @@ class Decision:
             return self._conn.execute(statement, params).first()
         query = _inline_lock(self._conn, driver, sql, _begin_statement(driver))
         cursor = driver.cursor()
+        self._flagged = True
         try:
             driver._autocommit = True  # this query only: no BEGIN of psycopg's own
             # prepare=False: a simple query (several statements); an engine whose
@@ -210,6 +214,7 @@ class Decision:
             self._raise(exc, query, None, cursor)
         finally:
             driver._autocommit = False  # the body's statements run as in any transaction
+            self._flagged = False
         cursor.close()
         return row
 
@@ -257,6 +262,14 @@ class Decision:
         if pipeline is not None and pipeline.open:
             with contextlib.suppress(Exception):  # the rollback (or the drop) is next
                 pipeline.leave(failing=sys.exc_info()[0] is not None)
+
+    def release(self) -> None:
+        """The transaction is over, whichever way: a connection whose autocommit flag
+        may still be on (an interruption struck ``lock()`` as it switched the flag back
+        off) is invalidated, never handed out by the pool in autocommit mode."""
+        if self._flagged:
+            self._flagged = False
+            self._conn.invalidate()
 
 
 def _begin_statement(driver: Any) -> str:

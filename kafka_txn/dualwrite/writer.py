@@ -430,24 +430,27 @@ class DualWriter(_Startup, _FailurePaths):
                 root = conn.begin()
                 decision = self._row.decision(conn)
                 try:
-                    locked = self._row.lock(conn, decision)
-                    self._check_owner(locked, "nothing of this transaction was written")
-                    producer.begin_transaction()
-                    began = True
-                    self._step("after_begin")
-                    self._watch.watch(conn)
-                    yield DualWriteTransaction(conn, producer)
-                    self._step("after_send")
-                    self._guard.check_kept_transaction(conn, root)
-                    state = producer.prepare_transaction()
-                    self._step("after_prepare")
-                    self._row.write(decision, state, locked)
-                    self._step("after_state_write")
-                except BaseException as exc:
-                    self._failed(conn, began, decision, exc, root)
-                    raise
-                self._commit_database(conn, decision)
-                db_committed = True
+                    try:
+                        locked = self._row.lock(conn, decision)
+                        self._check_owner(locked, "nothing of this transaction was written")
+                        producer.begin_transaction()
+                        began = True
+                        self._step("after_begin")
+                        self._watch.watch(conn)
+                        yield DualWriteTransaction(conn, producer)
+                        self._step("after_send")
+                        self._guard.check_kept_transaction(conn, root)
+                        state = producer.prepare_transaction()
+                        self._step("after_prepare")
+                        self._row.write(decision, state, locked)
+                        self._step("after_state_write")
+                    except BaseException as exc:
+                        self._failed(conn, began, decision, exc, root)
+                        raise
+                    self._commit_database(conn, decision)
+                    db_committed = True
+                finally:
+                    decision.release()
                 committed = True
         except BaseException as exc:
             if db_committed and self._broken is None:

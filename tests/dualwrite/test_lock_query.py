@@ -227,47 +227,65 @@ def test_postgresql_writers_taking_turns_on_one_pooled_connection_keep_their_own
 
 
 # ---------------------------------------------------------------------------------------
-# 4.14: "the connection it switches to autocommit mode for the lock goes back to the pool
-# out of autocommit mode however the transaction ended". A signal whose handler raises
-# (KeyboardInterrupt, a timeout signal) strikes right after _pg_pipeline.Decision.lock
-# switched psycopg's autocommit flag on for the lock's query, before the query is sent:
-# simulated with a trace function raising at that line. The transaction fails; the pooled
-# connection must come back with autocommit off (or be discarded).
+# 4.14: "psycopg's autocommit flag is on only while the lock's query is sent ... the
+# connection goes back to the pool out of autocommit mode however the transaction ended
+# (..., an interruption right after the flag was switched on)". A signal whose handler
+# raises (KeyboardInterrupt, a timeout signal) strikes _pg_pipeline.Decision.lock right
+# after it switched the flag on, before the query is sent; or as it switches the flag
+# back off, the query answered and the transaction open: simulated with a trace
+# function raising at that line. The transaction fails; the pooled connection must come
+# back with autocommit off (or be discarded), and the writer's next transaction commit
+# on both sides.
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "line",
+    ["cursor.execute(query, prepare=False)", "driver._autocommit = False"],
+    ids=["flag_switched_on", "flag_switching_off"],
+)
 @pytest.mark.guarantee("4.14")
-def test_postgresql_interrupt_right_after_autocommit_on_never_returns_it_to_the_pool(
-    broker: Broker, postgres_jdbc: str, names: dict[str, str], txn_id: str
+def test_postgresql_interrupt_around_the_lock_never_returns_autocommit_to_the_pool(
+    broker: Broker, postgres_jdbc: str, names: dict[str, str], txn_id: str, line: str
 ) -> None:
-    """A KeyboardInterrupt right after psycopg's autocommit was switched on for the lock:
-    the pool's connection comes back with autocommit off."""
+    """A KeyboardInterrupt while psycopg's autocommit flag is on for the lock: the pool's
+    one connection comes back with autocommit off, and the next transaction commits
+    (rows and records equal); a transaction of another user of the engine that rolls
+    back keeps nothing."""
     armed: list[bool] = []
-    tracer = interrupt_at_line(
-        _pg_pipeline.Decision.lock, "cursor.execute(query, prepare=False)", armed
-    )
+    tracer = interrupt_at_line(_pg_pipeline.Decision.lock, line, armed)
+    topic = broker.create_topic()
+    events = _events(names["events"])
     state = names["state"]
     engine = create_engine(jdbc_to_sqlalchemy(postgres_jdbc), pool_size=1, max_overflow=0)
     conf = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": txn_id}
     try:
-        writer = DualWriter(conf, engine, state_table=state)
+        events.metadata.create_all(engine)
+        writer = DualWriter(conf, engine, state_table=state, mark_completed_after=None)
         try:
             writer.start()
             armed.append(True)
             sys.settrace(tracer)
             try:
                 with pytest.raises(KeyboardInterrupt), writer.transaction() as tx:
-                    tx.produce(broker.create_topic(), b"never")
+                    tx.produce(topic, b"never")
             finally:
                 sys.settrace(None)
             assert not armed  # the interruption struck where intended
-            with engine.connect() as conn:  # the pool's one connection (close() disposes it)
+            with engine.connect() as conn:  # the pool's one connection
                 driver: Any = conn.connection.driver_connection
                 assert driver.autocommit is False
+                conn.execute(events.insert(), {"id": 99, "value": "rolled back"})
+                conn.rollback()
+            with writer.transaction() as tx:
+                tx.connection.execute(events.insert(), {"id": 1, "value": "one"})
+                tx.produce(topic, b"one")
         finally:
             writer.close()
+        in_db, in_kafka = both_sides(broker, engine, events, topic, expected=1)
+        assert in_db == in_kafka == ["one"]
     finally:
-        _drop(engine, state)
+        _drop(engine, names["events"], state)
         engine.dispose()
 
 

@@ -48,7 +48,6 @@ from kafka_txn.aio.bridge import log_outcome, running_loop
 from kafka_txn.aio.producer import AsyncTransactionalProducer
 from kafka_txn.config import ProducerSettings
 from kafka_txn.dualwrite.engine import database_url, validate_seconds
-from kafka_txn.dualwrite.unavailable import ASYNC_DUAL_WRITER_TERMS
 from kafka_txn.dualwrite.writer import DualWriter
 from kafka_txn.errors import ConfigurationError, IllegalStateError, TransactionAbortableError
 from kafka_txn.metrics import MetricsHook
@@ -252,7 +251,6 @@ class _GreenletDualWriter(DualWriter):
     in a greenlet (``greenlet_spawn``), on an async engine's ``sync_engine``."""
 
     _api_name = "AsyncDualWriter"
-    _terms = ASYNC_DUAL_WRITER_TERMS
     aio_producer: AsyncTransactionalProducer
 
     def _new_producer(self, conf: dict[str, Any], **kwargs: Any) -> TransactionalProducer:

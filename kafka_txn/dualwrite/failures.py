@@ -133,7 +133,6 @@ class _FailurePaths:
                     "the Kafka transaction becomes visible. Write only to transactional "
                     "tables (ENGINE=InnoDB) in the body"
                 )
-        decision.release()  # a connection left in autocommit mode is not used for the mark
         if began and self.producer.in_transaction:
             # The abort may bump the epoch (librdkafka's KIP-360 abort), after which the
             # coordinator no longer shows how the last commit ended: its state must be

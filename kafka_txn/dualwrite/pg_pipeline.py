@@ -85,6 +85,8 @@ class DriverStatements:
         compiled = lock.compile(dialect=engine.dialect)
         self.lock = str(compiled)
         self.lock_params: dict[str, Any] = compiled.construct_params(lock_params)
+        self.lock_key = (self.lock, tuple(sorted(self.lock_params.items())))
+        """What the rendered lock depends on besides the BEGIN (``_inline_lock``)."""
         compiled = write.compile(dialect=engine.dialect)
         self.write = str(compiled)
         self.write_params = frozenset(compiled.params)
@@ -102,7 +104,7 @@ def _inline_lock(conn: Connection, driver: Any, sql: DriverStatements, begin: st
     (``Connection.info``) and kept: a writer's lock never changes, and the text stays
     valid if a body later changes the session's quoting or encoding."""
     info = conn.info
-    key = (begin, sql.lock, tuple(sorted(sql.lock_params.items())))
+    key = (begin, sql.lock_key)
     cached = info.get(_INLINE)
     if cached is not None and cached[0] == key:
         return str(cached[1])

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError
 from sqlalchemy.engine import Engine
 
 from kafka_txn.dualwrite.state_row import _OWNER_LENGTH, _Row, _StateRow
-from kafka_txn.dualwrite.unavailable import DUAL_WRITER_TERMS, Terms, raise_if_unavailable
+from kafka_txn.dualwrite.unavailable import raise_if_unavailable, writer_terms
 from kafka_txn.errors import (
     BrokerUnreachableError,
     InvalidPreparedStateError,
@@ -49,11 +49,8 @@ class _Startup:
     that every transaction repeats. Holds no state: the attributes are DualWriter's."""
 
     _api_name = "DualWriter"
-    """The class the caller made, as errors name it (``AsyncDualWriter`` runs this one
-    underneath)."""
-    _terms: Terms = DUAL_WRITER_TERMS
-    """Where the caller sets the database, the user and the password, as errors name
-    them."""
+    """The class the caller made, as errors name it and its arguments
+    (``AsyncDualWriter`` runs this one underneath)."""
     engine: Engine
     producer: TransactionalProducer
     transactional_id: str
@@ -78,7 +75,7 @@ class _Startup:
         if self._fenced is not None:
             return self._finish_start(self._fenced)
         # A database that cannot be opened is named with its fix before anything else.
-        raise_if_unavailable(self.engine, f"{self._api_name}.start()", self._terms)
+        raise_if_unavailable(self.engine, f"{self._api_name}.start()", writer_terms(self._api_name))
         self._row.ensure(self._create)
         self.producer.init_transactions(keep_prepared_txn=True)  # repeatable until settled
         with self.engine.connect() as conn:

@@ -32,6 +32,7 @@ __all__ = [
     "describe_database",
     "explain",
     "raise_if_unavailable",
+    "writer_terms",
 ]
 
 
@@ -47,16 +48,17 @@ class Terms:
     """The settings a password is given with."""
 
 
-DUAL_WRITER_TERMS = Terms(
-    url="DualWriter's database (the JDBC URL)",
-    user="DualWriter's user= (or user= in the JDBC URL)",
-    password="DualWriter's password= (or password= in the JDBC URL)",
-)
-ASYNC_DUAL_WRITER_TERMS = Terms(
-    url="AsyncDualWriter's database (the JDBC URL)",
-    user="AsyncDualWriter's user= (or user= in the JDBC URL)",
-    password="AsyncDualWriter's password= (or password= in the JDBC URL)",
-)
+def writer_terms(writer: str) -> Terms:
+    """The terms of a writer class named ``writer`` (``DualWriter``, ``AsyncDualWriter``):
+    its arguments."""
+    return Terms(
+        url=f"{writer}'s database (the JDBC URL)",
+        user=f"{writer}'s user= (or user= in the JDBC URL)",
+        password=f"{writer}'s password= (or password= in the JDBC URL)",
+    )
+
+
+DUAL_WRITER_TERMS = writer_terms("DualWriter")
 SINK_TERMS = Terms(
     url="the sink's url option",
     user="the sink's user option (or user= in its url)",
